@@ -1,0 +1,42 @@
+# Two commands do all set-up: `make demo` and `make test`.
+# Each creates/refreshes .venv (and installs Java 17 when none is found) before running.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OUT    ?= demo-out
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup java demo test lint bench-normalize clean
+
+setup: java $(STAMP)
+
+java:
+	@if ! java -version >/dev/null 2>&1; then \
+	  echo "No Java found: installing openjdk-17-jre-headless from Debian's packages"; \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q openjdk-17-jre-headless; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch is pinned to 2.13.0 (a CPU wheel on CPU-only machines)
+	$(BIN)/pip install -q -e '.[dev,train]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/mmpack demo --out $(OUT)
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench-normalize: setup
+	$(BIN)/python bench/bench_normalize.py --sizes 10000 100000
+
+clean:
+	rm -rf $(VENV) $(OUT) bench/out

@@ -1,0 +1,1 @@
+"""Training-side package: reads packed shards. Never imports pyspark."""

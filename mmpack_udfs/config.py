@@ -1,0 +1,142 @@
+"""Configuration: conf/defaults.yaml, then a user's --config file, then --set overrides.
+
+Every key a user may set appears in conf/defaults.yaml; anything else is an error with
+the list of keys that would have been valid. Free-form maps (``spark.conf``) and the
+``datasets`` list are the only places where new keys are accepted.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONF_DIR = Path(os.environ.get("MMPACK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+FREE_FORM_KEYS = {"spark.conf"}
+DATASET_KEYS = {"name", "paths", "format", "dialect", "columns", "tags", "media_root"}
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message says what and where."""
+
+
+def load_config(
+    config_file: str | os.PathLike | None = None,
+    overrides: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Defaults, merged with ``config_file`` (if any), then ``key=value`` overrides."""
+    config = _read_yaml(CONF_DIR / "defaults.yaml")
+    if config_file is not None:
+        user = _read_yaml(Path(config_file))
+        base_dir = Path(config_file).resolve().parent
+        for dataset in user.get("datasets") or []:
+            if isinstance(dataset, dict):
+                dataset.setdefault("_base_dir", str(base_dir))
+        config = merge(config, user, where=str(config_file))
+    for item in overrides:
+        config = apply_override(config, item)
+    validate(config)
+    return config
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def merge(
+    base: Mapping[str, Any], update: Mapping[str, Any], where: str = "", prefix: str = ""
+) -> dict:
+    """Deep-merge ``update`` into a copy of ``base``; unknown keys raise ConfigError."""
+    result = copy.deepcopy(dict(base))
+    for key, value in update.items():
+        dotted = f"{prefix}{key}"
+        if key not in base and prefix.rstrip(".") not in FREE_FORM_KEYS:
+            valid = ", ".join(sorted(f"{prefix}{k}" for k in base))
+            raise ConfigError(f"{where}: unknown config key '{dotted}' (valid here: {valid})")
+        if isinstance(base.get(key), dict) and isinstance(value, dict):
+            result[key] = merge(base[key], value, where, f"{dotted}.")
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def apply_override(config: dict[str, Any], item: str) -> dict[str, Any]:
+    """Apply one ``a.b.c=value`` override; the value is parsed as YAML (numbers, bools, lists)."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got '{item}'")
+    dotted, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {dotted}: value is not valid YAML: {err}") from err
+    update: Any = value
+    for part in reversed(dotted.strip().split(".")):
+        update = {part: update}
+    return merge(config, update, where=f"--set {item}")
+
+
+def validate(config: Mapping[str, Any]) -> None:
+    """Check the types and ranges a job relies on; raise ConfigError naming the key."""
+    if config["mode"] not in ("overwrite", "append"):
+        raise ConfigError(f"mode must be 'overwrite' or 'append', got {config['mode']!r}")
+    if not isinstance(config["output"], str) or not config["output"]:
+        raise ConfigError("output must be a non-empty path or s3:// URI")
+    norm = config["normalize"]
+    for key in ("max_image_pixels", "split_bytes", "rows_per_file", "max_raw_chars"):
+        _positive_int(norm[key], f"normalize.{key}")
+    _positive_int(norm["video_check_frames"], "normalize.video_check_frames")
+    if not isinstance(config["datasets"], list):
+        raise ConfigError("datasets must be a list")
+    names = set()
+    for i, dataset in enumerate(config["datasets"]):
+        _validate_dataset(dataset, i)
+        if dataset["name"] in names:
+            raise ConfigError(f"datasets[{i}]: duplicate dataset name '{dataset['name']}'")
+        names.add(dataset["name"])
+
+
+def _validate_dataset(dataset: Any, i: int) -> None:
+    where = f"datasets[{i}]"
+    if not isinstance(dataset, dict):
+        raise ConfigError(f"{where}: each dataset must be a mapping")
+    unknown = set(dataset) - DATASET_KEYS - {"_base_dir"}
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {sorted(unknown)} (valid: {sorted(DATASET_KEYS)})"
+        )
+    for key in ("name", "paths", "media_root"):
+        if not dataset.get(key):
+            raise ConfigError(f"{where}: '{key}' is required")
+    if dataset.get("format", "auto") not in ("auto", "json", "jsonl", "parquet"):
+        raise ConfigError(f"{where}: format must be auto, json, jsonl or parquet")
+    if dataset.get("dialect", "auto") not in ("auto", "sharegpt", "openai"):
+        raise ConfigError(f"{where}: dialect must be auto, sharegpt or openai")
+    for key in ("columns", "tags"):
+        if not isinstance(dataset.get(key, {}), dict):
+            raise ConfigError(f"{where}: '{key}' must be a mapping")
+
+
+def _positive_int(value: Any, key: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """A stable hash of the parts of the config that change outputs (not Spark settings)."""
+    relevant = {k: v for k, v in config.items() if k not in ("spark", "s3", "run_id")}
+    blob = json.dumps(relevant, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()

@@ -1,0 +1,512 @@
+"""A deterministic, realistic ShareGPT demo dataset with real media.
+
+``generate(out_dir, samples, seed)`` writes:
+
+    out_dir/media/images/*.jpg|png     Pillow-drawn images, many sizes and aspect ratios
+    out_dir/media/videos/*.mp4|avi     short OpenCV-written clips
+    out_dir/media/bad/...              corrupt, truncated, bomb and frameless media
+    out_dir/outside/secret.jpg         a file outside the media root (symlink target)
+    out_dir/data/sharegpt.jsonl        ``conversations``/``from``/``value`` dialect
+    out_dir/data/openai.json           ``messages``/``role``/``content`` dialect, JSON array
+    out_dir/data/custom.parquet        custom column and role names (needs a mapping)
+    out_dir/mmpack.yaml                a config naming the three datasets
+
+About 3 % of the records are bad, covering every quarantine reason code, and about
+2 % are exact duplicates. The same (samples, seed) always gives the same records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from PIL import Image, ImageDraw
+
+WORDS = [
+    "the",
+    "model",
+    "image",
+    "video",
+    "frame",
+    "shows",
+    "a",
+    "person",
+    "red",
+    "blue",
+    "green",
+    "car",
+    "street",
+    "tree",
+    "house",
+    "what",
+    "where",
+    "when",
+    "why",
+    "how",
+    "is",
+    "are",
+    "was",
+    "were",
+    "describe",
+    "explain",
+    "count",
+    "find",
+    "list",
+    "compare",
+    "left",
+    "right",
+    "top",
+    "bottom",
+    "center",
+    "background",
+    "foreground",
+    "small",
+    "large",
+    "bright",
+    "dark",
+    "object",
+    "scene",
+    "moment",
+    "camera",
+    "light",
+    "shadow",
+    "color",
+    "shape",
+    "text",
+    "sign",
+    "window",
+    "door",
+    "road",
+    "sky",
+    "cloud",
+    "water",
+    "dog",
+    "cat",
+    "bird",
+    "table",
+    "chair",
+    "screen",
+    "answer",
+    "question",
+    "detail",
+    "reason",
+    "because",
+    "first",
+    "then",
+    "finally",
+    "step",
+    "number",
+    "two",
+    "three",
+    "several",
+    "many",
+    "each",
+    "every",
+    "other",
+    "same",
+    "different",
+    "data",
+    "training",
+    "token",
+    "sequence",
+    "pack",
+    "bin",
+    "length",
+    "budget",
+    "attention",
+    "layer",
+    "vision",
+    "language",
+]
+
+IMAGE_SIZES = [
+    (32, 32),
+    (64, 48),
+    (160, 120),
+    (224, 224),
+    (320, 240),
+    (448, 448),
+    (512, 384),
+    (640, 480),
+    (800, 600),
+    (1024, 768),
+    (1280, 720),
+    (1920, 1080),
+    (300, 1200),
+    (1600, 200),
+    (96, 1024),
+    (2048, 512),
+    (12, 900),
+]
+VIDEO_SIZES = [(96, 64), (160, 120), (224, 160), (320, 240), (128, 256)]
+
+
+@dataclass(frozen=True)
+class DemoData:
+    root: Path
+    config: Path
+    records: int
+    bad_records: int
+    duplicates: int
+
+
+def generate(
+    out_dir: str | os.PathLike, samples: int = 2000, seed: int = 0, media_pool: int | None = None
+) -> DemoData:
+    """Write the demo dataset under ``out_dir``; return where things are and what to expect."""
+    root = Path(out_dir).resolve()
+    rng = random.Random(seed)
+    n_images = media_pool or min(max(samples // 8, 24), 1500)
+    n_videos = max(n_images // 12, 4)
+    images = [_write_image(root, i, rng) for i in range(n_images)]
+    videos = [_write_video(root, i, rng) for i in range(n_videos)]
+    bad = _write_bad_media(root)
+
+    good = [_conversation(rng, images, videos) for _ in range(samples)]
+    n_dups = max(samples // 50, 1)
+    good += [dict(good[rng.randrange(samples)]) for _ in range(n_dups)]
+    bad_records = _bad_records(rng, images, videos, bad)
+    rng.shuffle(good)
+
+    thirds = [good[0::3], good[1::3], good[2::3]]
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng)
+    _write_json(
+        data / "openai.json", [_to_openai(r) for r in thirds[1]] + bad_records["openai"], rng
+    )
+    _write_parquet(
+        data / "custom.parquet", [_to_custom(r) for r in thirds[2]] + bad_records["custom"]
+    )
+    config = _write_config(root)
+    n_bad = sum(len(v) for v in bad_records.values())
+    return DemoData(root, config, len(good) + n_bad, n_bad, n_dups)
+
+
+# --- media ---------------------------------------------------------------------------
+
+
+def _write_image(root: Path, index: int, rng: random.Random) -> str:
+    width, height = rng.choice(IMAGE_SIZES)
+    ext = "png" if index % 4 == 0 else "jpg"
+    rel = f"images/img_{index:05d}.{ext}"
+    path = root / "media" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = _drawing(width, height, rng)
+    image.save(path, quality=85) if ext == "jpg" else image.save(path)
+    return rel
+
+
+def _drawing(width: int, height: int, rng: random.Random) -> Image.Image:
+    base = tuple(rng.randrange(256) for _ in range(3))
+    image = Image.new("RGB", (width, height), base)
+    draw = ImageDraw.Draw(image)
+    for _ in range(6):
+        x0, y0 = rng.randrange(width), rng.randrange(height)
+        x1, y1 = x0 + rng.randrange(1, width + 1), y0 + rng.randrange(1, height + 1)
+        color = tuple(rng.randrange(256) for _ in range(3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=color)
+    return image
+
+
+def _write_video(root: Path, index: int, rng: random.Random) -> str:
+    width, height = rng.choice(VIDEO_SIZES)
+    frames, fps = rng.randrange(8, 49), rng.choice([4.0, 8.0, 12.0, 24.0, 30.0])
+    ext, codec = ("mp4", "mp4v") if index % 2 == 0 else ("avi", "MJPG")
+    rel = f"videos/vid_{index:04d}.{ext}"
+    path = root / "media" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _encode_video(path, codec, width, height, frames, fps, rng.randrange(1 << 30))
+    return rel
+
+
+def _encode_video(
+    path: Path, codec: str, width: int, height: int, frames: int, fps: float, seed: int
+) -> None:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*codec), fps, (width, height))
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {codec} video to {path}")
+    base = np.random.default_rng(seed).integers(0, 256, size=3)
+    y, x = np.mgrid[0:height, 0:width]
+    for t in range(frames):
+        frame = np.empty((height, width, 3), np.uint8)
+        for c in range(3):
+            frame[..., c] = (base[c] + x * (c + 1) + y + 8 * t) % 256
+        writer.write(frame)
+    writer.release()
+
+
+def _write_bad_media(root: Path) -> dict[str, str]:
+    """Corrupt and hostile media, one of each kind; returns references by purpose."""
+    bad = root / "media" / "bad"
+    bad.mkdir(parents=True, exist_ok=True)
+    buffer = _drawing(64, 64, random.Random(1))
+    buffer.save(bad / "whole.jpg", quality=90)
+    data = (bad / "whole.jpg").read_bytes()
+    (bad / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    (bad / "not_an_image.png").write_bytes(b"this is plain text, not a PNG\n" * 4)
+    (bad / "bomb.png").write_bytes(_png_with_header_size(40000, 40000))
+    _encode_video(bad / "tmp.avi", "MJPG", 96, 64, 8, 8.0, 7)
+    video = bytearray((bad / "tmp.avi").read_bytes())
+    start = 0
+    while (start := video.find(b"00dc", start)) >= 0:  # blank every MJPEG frame payload
+        payload = start + 8
+        video[payload : payload + 2000] = bytes(min(2000, len(video) - payload))
+        start = payload
+    (bad / "frameless.avi").write_bytes(bytes(video))
+    (bad / "tmp.avi").unlink()
+    writer = cv2.VideoWriter(str(bad / "empty.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 8.0, (96, 64))
+    writer.release()
+    (bad / "garbage.mp4").write_bytes(b"\x00\x01garbage" * 64)
+    outside = root / "outside"
+    outside.mkdir(parents=True, exist_ok=True)
+    buffer.save(outside / "secret.jpg")
+    link = bad / "link_out.jpg"
+    if not link.is_symlink():
+        link.symlink_to(Path("..", "..", "outside", "secret.jpg"))
+    return {
+        "truncated": "bad/truncated.jpg",
+        "not_image": "bad/not_an_image.png",
+        "bomb": "bad/bomb.png",
+        "frameless": "bad/frameless.avi",
+        "empty_video": "bad/empty.avi",
+        "garbage_video": "bad/garbage.mp4",
+        "symlink": "bad/link_out.jpg",
+    }
+
+
+def _png_with_header_size(width: int, height: int) -> bytes:
+    """A small valid PNG whose header claims ``width`` × ``height`` (a decompression bomb)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    pixels = zlib.compress(b"\x00" * 64)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+# --- conversations -------------------------------------------------------------------
+
+
+def _sentence(rng: random.Random, long: bool = False) -> str:
+    n = int(rng.paretovariate(1.2) * (60 if long else 8))
+    words = [rng.choice(WORDS) for _ in range(min(n, 3000 if long else 400))]
+    return " ".join(words).capitalize() + "."
+
+
+def _conversation(rng: random.Random, images: list[str], videos: list[str]) -> dict:
+    """One ShareGPT record (sharegpt dialect); converted to others by _to_openai/_to_custom."""
+    n_images = rng.choices([0, 1, 2, 3, 5], weights=[35, 40, 12, 8, 5])[0]
+    n_videos = 1 if rng.random() < 0.12 else 0
+    rounds = rng.choices([1, 2, 3, 5], weights=[50, 25, 15, 10])[0]
+    media = ["<image>"] * n_images + ["<video>"] * n_videos
+    rng.shuffle(media)
+    turns = []
+    for r in range(rounds):
+        placeholders = media if r == 0 else []
+        question = " ".join([*placeholders, _sentence(rng)])
+        turns.append({"from": "human", "value": question})
+        turns.append({"from": "gpt", "value": _sentence(rng, long=rng.random() < 0.3)})
+    record: dict = {"conversations": turns}
+    if rng.random() < 0.3:
+        record["system"] = "You are a helpful assistant. " + _sentence(rng)
+    record["images"] = [rng.choice(images) for _ in range(n_images)]
+    if n_videos:
+        record["videos"] = [rng.choice(videos) for _ in range(n_videos)]
+    return record
+
+
+def _to_openai(record: dict) -> dict:
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    messages = [{"role": "system", "content": record["system"]}] if record.get("system") else []
+    messages += [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]
+    out = {"messages": messages, "images": record.get("images", [])}
+    if record.get("videos"):
+        out["videos"] = record["videos"]
+    return out
+
+
+def _to_custom(record: dict) -> dict:
+    """Custom names: ``dialog`` of ``speaker``/``text`` with USER/BOT, media as JSON columns."""
+    roles = {"human": "USER", "gpt": "BOT"}
+    return {
+        "dialog": [
+            {"speaker": roles[t["from"]], "text": t["value"]} for t in record["conversations"]
+        ],
+        "sys": record.get("system"),
+        "pictures": record.get("images", []),
+        "clips": record.get("videos", []),
+    }
+
+
+def _bad_records(rng: random.Random, images: list[str], videos: list[str], bad: dict) -> dict:
+    """At least one record per reason code per dataset where the format allows it."""
+    img, vid = images[0], videos[0]
+
+    def sg(turns, **extra):
+        return {"conversations": [{"from": f, "value": v} for f, v in turns], **extra}
+
+    ok_q, ok_a = ("human", "<image> What is this?"), ("gpt", "A picture.")
+    sharegpt = [
+        "{not valid json",
+        '{"conversations": [{"from": "human", "value": "hi"}, ',
+        sg([], images=[]),
+        {"id": 7},
+        "[1, 2, 3]",
+        sg([("human", "hi"), ("wizard", "abracadabra")]),
+        sg([("human", "hi"), ("human", "again"), ("gpt", "ok")]),
+        sg([("human", "hi"), ("gpt", "hello"), ("human", "bye")]),
+        sg([("human", "hi"), ("system", "late system"), ("gpt", "ok")]),
+        {"conversations": [{"from": "human", "value": 42}, {"from": "gpt", "value": "n"}]},
+        {
+            "conversations": [
+                {"from": "human", "value": ["<image>", "list"]},
+                {"from": "gpt", "value": "x"},
+            ]
+        },
+        sg([("human", "<image><image> two?"), ok_a], images=[img]),
+        sg([("human", "no placeholder"), ok_a], images=[img]),
+        sg([("human", "<video> clip"), ok_a], videos=[]),
+        sg([ok_q, ok_a], images=["images/does_not_exist.jpg"]),
+        sg([ok_q, ok_a], images=[bad["truncated"]]),
+        sg([ok_q, ok_a], images=[bad["not_image"]]),
+        sg([ok_q, ok_a], images=["../outside/secret.jpg"]),
+        sg([ok_q, ok_a], images=["/etc/passwd"]),
+        sg([ok_q, ok_a], images=[bad["symlink"]]),
+        sg([ok_q, ok_a], images=[bad["bomb"]]),
+        sg([("human", "<video> what happens?"), ok_a], videos=[bad["frameless"]]),
+        sg([("human", "<video> what happens?"), ok_a], videos=[bad["empty_video"]]),
+        sg([("human", "<video> what happens?"), ok_a], videos=[bad["garbage_video"]]),
+        sg([ok_q, ok_a], images=[{"path": img}]),
+        {"conversations": ["just a string"]},
+        sg([ok_q, ok_a], images=[img], system=["not", "a", "string"]),
+    ]
+    openai = [
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]},
+        {"messages": [{"role": "assistant", "content": "first"}, {"role": "user", "content": "x"}]},
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": "x"},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "<image>"},
+                {"role": "assistant", "content": "x"},
+            ],
+            "images": [img, img],
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "<video>"},
+                {"role": "assistant", "content": "x"},
+            ],
+            "videos": ["../../" + vid],
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "<image>"},
+                {"role": "assistant", "content": "x"},
+            ],
+            "images": ["images/missing_too.png"],
+        },
+    ]
+    custom = [
+        {"dialog": [], "sys": None, "pictures": [], "clips": []},
+        {
+            "dialog": [{"speaker": "USER", "text": "hi"}, {"speaker": "ALIEN", "text": "x"}],
+            "sys": None,
+            "pictures": [],
+            "clips": [],
+        },
+        {
+            "dialog": [{"speaker": "USER", "text": "<image> see"}, {"speaker": "BOT", "text": "x"}],
+            "sys": None,
+            "pictures": [bad["bomb"]],
+            "clips": [],
+        },
+    ]
+    return {"sharegpt": sharegpt, "openai": openai, "custom": custom}
+
+
+# --- writers -------------------------------------------------------------------------
+
+
+def _write_jsonl(path: Path, records: list[dict], bad: list, rng: random.Random) -> None:
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    for item in bad:
+        lines.insert(
+            rng.randrange(len(lines) + 1), item if isinstance(item, str) else json.dumps(item)
+        )
+    lines.insert(len(lines) // 2, "")  # a blank line is not a record
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _write_json(path: Path, records: list[dict], rng: random.Random) -> None:
+    records = list(records)
+    rng.shuffle(records)
+    path.write_text(json.dumps(records, ensure_ascii=False, indent=1))
+
+
+def _write_parquet(path: Path, records: list[dict]) -> None:
+    schema = pa.schema(
+        [
+            ("dialog", pa.list_(pa.struct([("speaker", pa.string()), ("text", pa.string())]))),
+            ("sys", pa.string()),
+            ("pictures", pa.list_(pa.string())),
+            ("clips", pa.list_(pa.string())),
+        ]
+    )
+    pq.write_table(pa.Table.from_pylist(records, schema=schema), path, row_group_size=2000)
+
+
+def _write_config(root: Path) -> Path:
+    config = {
+        "datasets": [
+            {"name": "sharegpt_jsonl", "paths": ["data/sharegpt.jsonl"], "media_root": "media"},
+            {
+                "name": "openai_json",
+                "paths": ["data/openai.json"],
+                "media_root": "media",
+                "dialect": "openai",
+            },
+            {
+                "name": "custom_parquet",
+                "paths": ["data/*.parquet"],
+                "media_root": "media",
+                "dialect": "sharegpt",
+                "columns": {
+                    "messages": "dialog",
+                    "system": "sys",
+                    "images": "pictures",
+                    "videos": "clips",
+                },
+                "tags": {
+                    "role_key": "speaker",
+                    "content_key": "text",
+                    "user": "USER",
+                    "assistant": "BOT",
+                },
+            },
+        ]
+    }
+    path = root / "mmpack.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

@@ -1,0 +1,142 @@
+"""One way to reach files: local paths and s3:// URIs through pyarrow.fs.
+
+Spark has no S3 connector here (no hadoop-aws), so executors and the driver open S3
+objects themselves with ``pyarrow.fs.S3FileSystem``; credentials come from the
+standard AWS chain and are never logged.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import pyarrow.fs as pafs
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach S3 (or an S3-compatible store). Hashable, so filesystems can be cached."""
+
+    endpoint_override: str | None = None
+    region: str | None = None
+    scheme: str | None = None
+    connect_timeout: float = 10
+    request_timeout: float = 60
+    retries: int = 5
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> S3Options:
+        return cls(**(section or {}))
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def join(base: str, *parts: str) -> str:
+    """Join URI or path parts with '/', keeping an s3:// scheme intact."""
+    out = base.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}"
+    return out
+
+
+@lru_cache(maxsize=8)
+def _s3_filesystem(options: S3Options) -> pafs.S3FileSystem:
+    kwargs: dict[str, Any] = {
+        "connect_timeout": options.connect_timeout,
+        "request_timeout": options.request_timeout,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=options.retries),
+    }
+    if options.endpoint_override:
+        kwargs["endpoint_override"] = options.endpoint_override
+    if options.region:
+        kwargs["region"] = options.region
+    if options.scheme:
+        kwargs["scheme"] = options.scheme
+    return pafs.S3FileSystem(**kwargs)
+
+
+def filesystem(uri: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, str]:
+    """The filesystem for ``uri`` and the path to use on it."""
+    if is_s3(uri):
+        return _s3_filesystem(s3 or S3Options()), uri[len("s3://") :]
+    path = uri[len("file://") :] if uri.startswith("file://") else uri
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+def normalize_uri(uri: str) -> str:
+    """An absolute local path or an s3:// URI, without a trailing slash."""
+    if is_s3(uri):
+        return uri.rstrip("/")
+    return os.path.abspath(uri[len("file://") :] if uri.startswith("file://") else uri)
+
+
+def expand(pattern: str, s3: S3Options | None = None) -> list[str]:
+    """Files named by a path, a directory (recursively) or a glob; sorted, hidden files skipped."""
+    if not is_s3(pattern):
+        matches = (
+            sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        )
+        files: list[str] = []
+        for match in matches:
+            if os.path.isdir(match):
+                for root, dirs, names in os.walk(match):
+                    dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+                    files += [
+                        os.path.join(root, n) for n in sorted(names) if not n.startswith((".", "_"))
+                    ]
+            elif os.path.exists(match):
+                files.append(match)
+        return sorted({os.path.abspath(f) for f in files})
+    fs, path = filesystem(pattern, s3)
+    if glob.has_magic(path):
+        prefix = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+        infos = fs.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+        keep = [
+            i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)
+        ]
+    else:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            keep = [path]
+        elif info.type == pafs.FileType.Directory:
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            keep = [i.path for i in infos if i.type == pafs.FileType.File]
+        else:
+            keep = []
+    visible = [k for k in keep if not os.path.basename(k).startswith((".", "_"))]
+    return sorted(f"s3://{k}" for k in visible)
+
+
+def file_info(uri: str, s3: S3Options | None = None) -> pafs.FileInfo:
+    fs, path = filesystem(uri, s3)
+    return fs.get_file_info(path)
+
+
+def read_bytes(
+    uri: str, s3: S3Options | None = None, start: int = 0, length: int | None = None
+) -> bytes:
+    """Read a whole file, or ``length`` bytes from ``start``."""
+    fs, path = filesystem(uri, s3)
+    with fs.open_input_file(path) as f:
+        if start:
+            f.seek(start)
+        return f.read() if length is None else f.read(length)
+
+
+def write_bytes(uri: str, data: bytes, s3: S3Options | None = None) -> None:
+    fs, path = filesystem(uri, s3)
+    if not is_s3(uri):
+        fs.create_dir(os.path.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def exists(uri: str, s3: S3Options | None = None) -> bool:
+    return file_info(uri, s3).type != pafs.FileType.NotFound

@@ -1,0 +1,250 @@
+"""Input files → splits (driver) → raw records with their position (executors).
+
+A split is a unit of reading that one task handles: a byte range of a JSONL file, a
+whole JSON file, or one row group of a Parquet file. Each raw record keeps its source
+file and position so that any quarantine row points back at the exact input:
+
+- JSONL: the byte offset where the line starts (blank lines are not records);
+- JSON:  the index of the element in the top-level array (a lone object is index 0);
+- Parquet: the row index in the file.
+
+Every split also reports how many records it read, independently of what happens to
+them later; the normalize job reconciles against that count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mmpack_udfs import fs
+from mmpack_udfs.sharegpt import DatasetSpec
+
+FORMATS_BY_EXTENSION = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+}
+READ_CHUNK = 1 << 20
+
+SPLIT = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("uri", pa.string()),
+        ("format", pa.string()),
+        ("start", pa.int64()),
+        ("length", pa.int64()),
+    ]
+)
+RAW = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("source_file", pa.string()),
+        ("source_position", pa.int64()),
+        ("raw", pa.string()),
+        ("error", pa.string()),  # set when the record could not even be decoded
+        ("records_read", pa.int64()),  # set on the one summary row per split
+    ]
+)
+
+
+class InputError(ValueError):
+    """Input files that cannot be planned (none found, unknown format)."""
+
+
+@dataclass(frozen=True)
+class Split:
+    dataset: str
+    uri: str
+    format: str
+    start: int
+    length: int
+
+
+@dataclass(frozen=True)
+class InputFile:
+    dataset: str
+    uri: str
+    format: str
+    size: int
+    mtime_ns: int
+
+
+def list_inputs(specs: Sequence[DatasetSpec], s3: fs.S3Options | None = None) -> list[InputFile]:
+    """Every input file of every dataset, with its format; errors for empty or unknown inputs."""
+    files: list[InputFile] = []
+    for spec in specs:
+        uris = sorted({u for pattern in spec.paths for u in fs.expand(pattern, s3)})
+        if not uris:
+            raise InputError(f"dataset '{spec.name}': no input files match {list(spec.paths)}")
+        for uri in uris:
+            info = fs.file_info(uri, s3)
+            fmt = detect_format(uri, spec.format, s3)
+            files.append(InputFile(spec.name, uri, fmt, info.size, info.mtime_ns or 0))
+    return files
+
+
+def detect_format(uri: str, configured: str, s3: fs.S3Options | None = None) -> str:
+    """The configured format, or one from the extension (a .json of JSON lines is jsonl)."""
+    if configured != "auto":
+        return configured
+    ext = os.path.splitext(uri)[1].lower()
+    if ext not in FORMATS_BY_EXTENSION:
+        raise InputError(
+            f"{uri}: cannot tell the format from '{ext}' (use .json, .jsonl or .parquet, "
+            "set the dataset's format, or narrow its paths)"
+        )
+    fmt = FORMATS_BY_EXTENSION[ext]
+    if fmt == "json" and _looks_like_json_lines(uri, s3):
+        return "jsonl"
+    return fmt
+
+
+def _looks_like_json_lines(uri: str, s3: fs.S3Options | None) -> bool:
+    head = fs.read_bytes(uri, s3, 0, READ_CHUNK).lstrip()
+    if not head.startswith(b"{"):
+        return False
+    first_line = head.split(b"\n", 1)[0]
+    try:
+        return isinstance(json.loads(first_line), dict) and b"\n" in head.rstrip()
+    except ValueError:
+        return False
+
+
+def plan_splits(files: Sequence[InputFile], split_bytes: int) -> list[Split]:
+    """Cut files into splits: byte ranges for JSONL, row groups for Parquet."""
+    splits: list[Split] = []
+    for f in files:
+        if f.format == "jsonl":
+            starts = range(0, max(f.size, 1), split_bytes)
+            splits += [Split(f.dataset, f.uri, f.format, s, split_bytes) for s in starts]
+        elif f.format == "parquet":
+            groups = pq.ParquetFile(_open(f.uri)).num_row_groups if f.size else 0
+            splits += [Split(f.dataset, f.uri, f.format, g, 1) for g in range(max(groups, 1))]
+        else:
+            splits.append(Split(f.dataset, f.uri, f.format, 0, f.size))
+    return splits
+
+
+def splits_table(splits: Sequence[Split]) -> pa.Table:
+    return pa.Table.from_pylist([asdict(s) for s in splits], schema=SPLIT)
+
+
+def _open(uri: str, s3: fs.S3Options | None = None):
+    filesystem, path = fs.filesystem(uri, s3)
+    return filesystem.open_input_file(path)
+
+
+def read_split(split: Split, s3: fs.S3Options | None = None) -> Iterator[dict]:
+    """Raw records of one split, then one summary row with ``records_read``."""
+    reader = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[split.format]
+    count = 0
+    for position, raw, error in reader(split, s3):
+        count += 1
+        yield _raw(split, position, raw, error)
+    yield {**_raw(split, -1, None, None), "records_read": count}
+
+
+def _raw(split: Split, position: int, raw: str | None, error: str | None) -> dict:
+    return {
+        "dataset": split.dataset,
+        "source_file": split.uri,
+        "source_position": position,
+        "raw": raw,
+        "error": error,
+        "records_read": None,
+    }
+
+
+def _read_jsonl(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]:
+    """Lines whose first byte lies in [start, start + length)."""
+    with _open(split.uri, s3) as f:
+        size = f.size()
+        end = min(split.start + split.length, size)
+        pos = split.start
+        if pos > 0:  # the line that straddles our start belongs to the previous split
+            f.seek(pos - 1)
+            pos = pos - 1 + _skip_line(f)
+        f.seek(pos)
+        buffer = b""
+        while pos < end or buffer:
+            newline = buffer.find(b"\n")
+            if newline < 0:
+                chunk = f.read(READ_CHUNK)
+                if chunk:
+                    buffer += chunk
+                    continue
+                newline = len(buffer)  # last line without a trailing newline
+            line, buffer = buffer[:newline], buffer[newline + 1 :]
+            line_start, pos = pos, pos + newline + 1
+            if line_start >= end:
+                break
+            if line.strip():
+                yield _decode_line(line_start, line)
+
+
+def _skip_line(f) -> int:
+    """Bytes up to and including the next newline (or to the end)."""
+    skipped = 0
+    while True:
+        chunk = f.read(READ_CHUNK)
+        if not chunk:
+            return skipped
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            return skipped + newline + 1
+        skipped += len(chunk)
+
+
+def _decode_line(position: int, line: bytes) -> tuple[int, str | None, str | None]:
+    try:
+        return position, line.decode("utf-8").rstrip("\r"), None
+    except UnicodeDecodeError as err:
+        return position, line.decode("utf-8", errors="replace"), f"invalid_json: not UTF-8: {err}"
+
+
+def _read_json(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]:
+    """Elements of a top-level JSON array; an invalid file is one invalid_json record."""
+    data = fs.read_bytes(split.uri, s3)
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        yield 0, data.decode("utf-8", errors="replace"), f"invalid_json: {err}"
+        return
+    items = document if isinstance(document, list) else [document]
+    for index, item in enumerate(items):
+        yield index, json.dumps(item, ensure_ascii=False), None
+
+
+def _read_parquet(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]:
+    """Rows of one row group, as JSON text (bytes and timestamps rendered as strings)."""
+    with _open(split.uri, s3) as f:
+        parquet = pq.ParquetFile(f)
+        if parquet.num_row_groups == 0:
+            return
+        offset = sum(parquet.metadata.row_group(g).num_rows for g in range(split.start))
+        rows = parquet.read_row_group(split.start).to_pylist()
+    for index, row in enumerate(rows):
+        yield offset + index, json.dumps(row, ensure_ascii=False, default=str), None
+
+
+def read_splits_batches(
+    batches: Iterator[pa.RecordBatch], s3: fs.S3Options | None = None, batch_rows: int = 1000
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: split rows in, raw record rows out."""
+    rows: list[dict] = []
+    for batch in batches:
+        for split in batch.to_pylist():
+            for row in read_split(Split(**split), s3):
+                rows.append(row)
+                if len(rows) >= batch_rows:
+                    yield pa.RecordBatch.from_pylist(rows, schema=RAW)
+                    rows = []
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=RAW)

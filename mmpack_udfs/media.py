@@ -1,0 +1,158 @@
+"""Media references → resolved, probed media. Runs on executors.
+
+Resolution keeps every reference inside its dataset's media root: absolute paths,
+URIs, ``..`` that climbs out and (locally) symlinks that point out are refused.
+Probing reads image headers with Pillow (then decodes, at reduced scale for JPEG, to
+catch corrupt files) and opens videos with OpenCV to read their geometry, frame count
+and fps and to decode their first frames.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import tempfile
+import warnings
+from dataclasses import dataclass
+
+os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+
+import cv2
+import pyarrow.fs as pafs
+from PIL import Image
+
+from mmpack_udfs import fs
+from mmpack_udfs.reasons import Reason, Rejected
+
+# We enforce our own pixel limit before decoding; Pillow's would raise a different error.
+Image.MAX_IMAGE_PIXELS = None
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    max_image_pixels: int = 89_478_485
+    decode_images: bool = True
+    video_check_frames: int = 1
+
+
+@dataclass(frozen=True)
+class MediaInfo:
+    kind: str
+    uri: str
+    file_bytes: int
+    width: int
+    height: int
+    frames: int | None = None
+    fps: float | None = None
+    duration: float | None = None
+
+    def as_row(self) -> dict:
+        return {
+            "kind": self.kind,
+            "uri": self.uri,
+            "file_bytes": self.file_bytes,
+            "width": self.width,
+            "height": self.height,
+            "frames": self.frames,
+            "fps": self.fps,
+            "duration": self.duration,
+        }
+
+
+def resolve(reference: str, media_root: str) -> str:
+    """The URI of ``reference`` under ``media_root``; Rejected if it would leave the root."""
+    ref = reference.replace("\\", "/")
+    if not ref or ref.startswith("/") or "://" in ref or (len(ref) > 1 and ref[1] == ":"):
+        raise Rejected(Reason.MEDIA_PATH_ESCAPE, f"{reference!r} is not a relative path")
+    relative = posixpath.normpath(ref)
+    if relative == ".." or relative.startswith("../") or relative == ".":
+        raise Rejected(Reason.MEDIA_PATH_ESCAPE, f"{reference!r} leaves the media root")
+    if fs.is_s3(media_root):
+        return fs.join(media_root, relative)
+    root = os.path.abspath(media_root)
+    path = os.path.join(root, relative)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real != real_root and not real.startswith(real_root + os.sep):
+        raise Rejected(Reason.MEDIA_PATH_ESCAPE, f"{reference!r} resolves outside the media root")
+    return path
+
+
+def probe(
+    kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None = None
+) -> MediaInfo:
+    """Probe one media file; raise Rejected with the reason it cannot be used."""
+    try:
+        info = fs.file_info(uri, s3)
+    except OSError as err:
+        raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: {err}") from err
+    if info.type == pafs.FileType.NotFound:
+        raise Rejected(Reason.MEDIA_MISSING, uri)
+    if info.type != pafs.FileType.File:
+        raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri} is not a file")
+    if kind == "image":
+        return probe_image(uri, fs.read_bytes(uri, s3), settings)
+    return probe_video(uri, info.size, settings, s3)
+
+
+def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
+    """Header first (size, pixel limit), then an optional decode to catch corrupt data."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                if width * height > settings.max_image_pixels:
+                    raise Rejected(
+                        Reason.IMAGE_TOO_LARGE,
+                        f"{uri}: {width}x{height} = {width * height} pixels "
+                        f"> {settings.max_image_pixels}",
+                    )
+                if settings.decode_images:
+                    if image.format == "JPEG":
+                        image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                    image.load()
+    except Rejected:
+        raise
+    except Exception as err:  # Pillow raises many types for bad data
+        raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: {type(err).__name__}: {err}") from err
+    if width <= 0 or height <= 0:
+        raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: empty image {width}x{height}")
+    return MediaInfo("image", uri, len(data), width, height)
+
+
+def probe_video(
+    uri: str, size: int, settings: ProbeSettings, s3: fs.S3Options | None = None
+) -> MediaInfo:
+    """Geometry, frame count, fps and duration from OpenCV; the first frames must decode."""
+    if not fs.is_s3(uri):
+        return _probe_video_file(uri, uri, size, settings)
+    suffix = os.path.splitext(uri)[1]
+    with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
+        tmp.write(fs.read_bytes(uri, s3))
+        tmp.flush()
+        return _probe_video_file(uri, tmp.name, size, settings)
+
+
+def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -> MediaInfo:
+    capture = cv2.VideoCapture(path)
+    try:
+        if not capture.isOpened():
+            raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: OpenCV cannot open it as a video")
+        width = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
+        height = int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        frames = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        fps = float(capture.get(cv2.CAP_PROP_FPS))
+        for i in range(settings.video_check_frames):
+            ok, frame = capture.read()
+            if not ok or frame is None:
+                raise Rejected(Reason.VIDEO_NO_FRAMES, f"{uri}: frame {i} does not decode")
+    finally:
+        capture.release()
+    if frames <= 0 or fps <= 0 or width <= 0 or height <= 0:
+        raise Rejected(
+            Reason.VIDEO_NO_FRAMES, f"{uri}: {frames} frames at {fps} fps, {width}x{height}"
+        )
+    return MediaInfo("video", uri, size, width, height, frames, fps, frames / fps)

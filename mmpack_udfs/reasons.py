@@ -1,0 +1,51 @@
+"""Reason codes for quarantined records: the one list, with what each means."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    INVALID_JSON = "invalid_json"
+    MALFORMED_RECORD = "malformed_record"
+    MISSING_CONVERSATION = "missing_conversation"
+    MALFORMED_TURN = "malformed_turn"
+    UNKNOWN_ROLE = "unknown_role"
+    BROKEN_TURN_ORDER = "broken_turn_order"
+    NON_STRING_CONTENT = "non_string_content"
+    MALFORMED_MEDIA_FIELD = "malformed_media_field"
+    PLACEHOLDER_MEDIA_MISMATCH = "placeholder_media_mismatch"
+    MEDIA_PATH_ESCAPE = "media_path_escape"
+    MEDIA_MISSING = "media_missing"
+    MEDIA_UNREADABLE = "media_unreadable"
+    IMAGE_TOO_LARGE = "image_too_large"
+    VIDEO_NO_FRAMES = "video_no_frames"
+
+
+DESCRIPTIONS: dict[Reason, str] = {
+    Reason.INVALID_JSON: "the record (or the whole JSON file) is not valid JSON",
+    Reason.MALFORMED_RECORD: "the record is not a JSON object",
+    Reason.MISSING_CONVERSATION: "no conversation key, or the conversation is empty",
+    Reason.MALFORMED_TURN: "a turn is not an object with a role and a content key",
+    Reason.UNKNOWN_ROLE: "a turn's role is not one of the dataset's role tags",
+    Reason.BROKEN_TURN_ORDER: (
+        "turns must alternate user/assistant, end with an assistant turn, system only first"
+    ),
+    Reason.NON_STRING_CONTENT: "a turn's content or the system prompt is not a string",
+    Reason.MALFORMED_MEDIA_FIELD: "images/videos is not a string or a list of strings",
+    Reason.PLACEHOLDER_MEDIA_MISMATCH: "the count of <image>/<video> placeholders != media given",
+    Reason.MEDIA_PATH_ESCAPE: "a media reference is absolute or leaves the media root (.., symlink)",
+    Reason.MEDIA_MISSING: "a referenced media file does not exist",
+    Reason.MEDIA_UNREADABLE: "a media file cannot be opened or decoded (corrupt, wrong format)",
+    Reason.IMAGE_TOO_LARGE: "an image has more pixels than normalize.max_image_pixels",
+    Reason.VIDEO_NO_FRAMES: "a video opens but none of its first frames decode",
+}
+
+
+class Rejected(Exception):
+    """Raised inside record processing; becomes one quarantine row."""
+
+    def __init__(self, reason: Reason, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

@@ -1,0 +1,133 @@
+"""One raw record → one row of the ``samples`` or ``quarantine`` table. Runs on executors.
+
+``RecordNormalizer`` is built once per task (it holds the media probe cache) and
+turns every raw record into exactly one output row; nothing is dropped here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from mmpack_udfs import fs, media
+from mmpack_udfs.reasons import Reason, Rejected
+from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
+from mmpack_udfs.sharegpt import DatasetSpec, parse_record, sample_id
+
+
+@dataclass(frozen=True)
+class NormalizeSettings:
+    probe: media.ProbeSettings
+    max_raw_chars: int = 1 << 20
+    probe_cache_size: int = 4096
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> NormalizeSettings:
+        probe = media.ProbeSettings(
+            max_image_pixels=int(section["max_image_pixels"]),
+            decode_images=bool(section["decode_images"]),
+            video_check_frames=int(section["video_check_frames"]),
+        )
+        return cls(probe=probe, max_raw_chars=int(section["max_raw_chars"]))
+
+
+class RecordNormalizer:
+    """Validates, resolves and probes records; caches probe results per media URI."""
+
+    def __init__(
+        self,
+        specs: Mapping[str, DatasetSpec],
+        settings: NormalizeSettings,
+        s3: fs.S3Options | None = None,
+    ) -> None:
+        self.specs = specs
+        self.settings = settings
+        self.s3 = s3
+        self._probed: OrderedDict[tuple[str, str], media.MediaInfo | Rejected] = OrderedDict()
+
+    def __call__(self, raw: Mapping) -> dict:
+        """The output row for one raw record (see ``schemas.NORMALIZED``)."""
+        if raw["records_read"] is not None:
+            return {**_base(raw), "kind": ROW_KIND_SPLIT, "records_read": raw["records_read"]}
+        try:
+            return self._sample(raw)
+        except Rejected as rejected:
+            return self._quarantine(raw, rejected)
+        except Exception as err:  # a bug, not bad data: fail loudly with the location
+            where = f"{raw['source_file']} at position {raw['source_position']}"
+            raise RuntimeError(f"normalize failed on {where}: {err!r}") from err
+
+    def _sample(self, raw: Mapping) -> dict:
+        if raw["error"]:
+            reason, _, detail = raw["error"].partition(": ")
+            raise Rejected(Reason(reason), detail)
+        try:
+            record = json.loads(raw["raw"])
+        except ValueError as err:
+            raise Rejected(Reason.INVALID_JSON, str(err)) from err
+        spec = self.specs[raw["dataset"]]
+        conversation = parse_record(record, spec)
+        uris = [media.resolve(ref, spec.media_root) for _, ref in conversation.media]
+        infos = [
+            self._probe(kind, uri) for (kind, _), uri in zip(conversation.media, uris, strict=True)
+        ]
+        return {
+            **_base(raw),
+            "kind": ROW_KIND_SAMPLE,
+            "sample_id": sample_id(conversation, uris),
+            "system": conversation.system,
+            "turns": [{"role": r, "text": t} for r, t in conversation.turns],
+            "media": [info.as_row() for info in infos],
+        }
+
+    def _probe(self, kind: str, uri: str) -> media.MediaInfo:
+        key = (kind, uri)
+        if key not in self._probed:
+            try:
+                self._probed[key] = media.probe(kind, uri, self.settings.probe, self.s3)
+            except Rejected as rejected:
+                self._probed[key] = rejected
+            if len(self._probed) > self.settings.probe_cache_size:
+                self._probed.popitem(last=False)
+        result = self._probed[key]
+        if isinstance(result, Rejected):
+            raise result
+        return result
+
+    def _quarantine(self, raw: Mapping, rejected: Rejected) -> dict:
+        text = raw["raw"] or ""
+        limit = self.settings.max_raw_chars
+        return {
+            **_base(raw),
+            "kind": ROW_KIND_QUARANTINE,
+            "reason": str(rejected.reason),
+            "detail": rejected.detail,
+            "raw": text[:limit],
+            "raw_truncated": len(text) > limit,
+        }
+
+
+def _base(raw: Mapping) -> dict:
+    return {
+        "dataset": raw["dataset"],
+        "source_file": raw["source_file"],
+        "source_position": raw["source_position"],
+    }
+
+
+def normalize_batches(
+    batches: Iterator[pa.RecordBatch],
+    specs: Mapping[str, DatasetSpec],
+    settings: NormalizeSettings,
+    s3: fs.S3Options | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: raw record batches in, NORMALIZED batches out (one row per record)."""
+    normalizer = RecordNormalizer(specs, settings, s3)
+    for batch in batches:
+        rows = [normalizer(raw) for raw in batch.to_pylist()]
+        if rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=NORMALIZED)

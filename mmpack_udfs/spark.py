@@ -1,0 +1,55 @@
+"""The SparkSession factory: embedded ``local[*]`` by default, any master when given.
+
+Under spark-submit the session takes the master and settings spark-submit passed;
+everywhere, settings from the config's ``spark.conf`` apply, and the executor Python
+environment is set up the same way (``PYSPARK_PYTHON``, ``TOKENIZERS_PARALLELISM``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+EXECUTOR_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "OPENCV_LOG_LEVEL": "ERROR",
+    "OPENCV_FFMPEG_LOGLEVEL": "-8",
+}
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit launched this Python driver (it hands over a gateway)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def session_settings(spark_config: Mapping[str, Any], master: str | None = None) -> dict[str, str]:
+    """Every Spark setting the session is built with, as strings (pure; easy to test)."""
+    settings = {"spark.app.name": str(spark_config.get("app_name", "mmpack"))}
+    if not under_spark_submit():
+        settings["spark.master"] = master or str(spark_config.get("master", "local[*]"))
+        # Executors in local mode run this interpreter, so they see the same packages.
+        settings["spark.pyspark.python"] = sys.executable
+        settings["spark.pyspark.driver.python"] = sys.executable
+    for key, value in EXECUTOR_ENV.items():
+        settings[f"spark.executorEnv.{key}"] = value
+    settings["spark.sql.execution.arrow.pyspark.enabled"] = "true"
+    for key, value in (spark_config.get("conf") or {}).items():
+        settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+    return settings
+
+
+def get_spark(spark_config: Mapping[str, Any], master: str | None = None):
+    """Build (or reuse) the SparkSession for a job; returns ``pyspark.sql.SparkSession``."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    for key, value in EXECUTOR_ENV.items():
+        os.environ.setdefault(key, value)
+    builder = SparkSession.builder
+    for key, value in session_settings(spark_config, master).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(str(spark_config.get("log_level", "WARN")))
+    return spark

@@ -1,0 +1,231 @@
+"""The normalize stage: ShareGPT files + media → Delta ``samples`` and ``quarantine``.
+
+input files ──plan (driver)──▶ splits ──read (tasks)──▶ raw records
+    ──normalize (tasks: parse, validate, resolve + probe media)──▶ sample | quarantine
+    ──dedupe by sample_id──▶ Delta samples        Delta quarantine
+    ──reconcile: read = samples + quarantined + duplicates──▶ report/normalize.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from functools import partial
+from typing import Any
+
+from mmpack_udfs import fs, inputs, records, schemas, tables
+from mmpack_udfs.config import ConfigError, config_hash
+from mmpack_udfs.sharegpt import DatasetSpec
+
+REPORT_NAME = "normalize.json"
+
+
+class ReconciliationError(RuntimeError):
+    """Rows read did not equal samples + quarantined + duplicates."""
+
+
+def derive_run_id(config: Mapping[str, Any], files: list[inputs.InputFile]) -> str:
+    """A run id from the config and the input files' names, sizes and modification times."""
+    listing = [[f.dataset, f.uri, f.size, f.mtime_ns] for f in files]
+    blob = json.dumps({"config": config_hash(config), "files": listing}, sort_keys=True)
+    return "normalize-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Run the stage; return (and write, and print) the summary. Raises on reconciliation."""
+    started = time.time()
+    if not config["datasets"]:
+        raise ConfigError("no datasets configured: add a 'datasets' list to the config")
+    s3 = fs.S3Options.from_config(config.get("s3"))
+    specs = {d["name"]: DatasetSpec.from_config(d) for d in config["datasets"]}
+    files = inputs.list_inputs(list(specs.values()), s3)
+    run_id = config["run_id"] or derive_run_id(config, files)
+    output = fs.normalize_uri(config["output"])
+    samples_uri = schemas.table_uri(output, "samples")
+    quarantine_uri = schemas.table_uri(output, "quarantine")
+    mode = config["mode"]
+
+    previous = _previous_summary(output, run_id, mode, [samples_uri, quarantine_uri], s3)
+    if previous is not None:
+        print(f"normalize: run {run_id} is already committed; nothing to do")
+        print(format_summary(previous))
+        return previous
+
+    settings = records.NormalizeSettings.from_config(config["normalize"])
+    splits = inputs.plan_splits(files, config["normalize"]["split_bytes"])
+    normalized = _normalized_rows(spark, splits, specs, settings, s3)
+    unique = _unique_samples(spark, normalized, samples_uri, mode, s3)
+    common = {
+        "run_id": run_id,
+        "mode": mode,
+        "rows_per_file": config["normalize"]["rows_per_file"],
+        "s3": s3,
+    }
+    try:
+        counts = _kind_counts(normalized)
+        kept = {r["dataset"]: r["count"] for r in unique.groupBy("dataset").count().collect()}
+        samples = tables.write_table(
+            unique, samples_uri, schemas.SAMPLES, sort_by=["sample_id"], **common
+        )
+        quarantine = tables.write_table(
+            normalized.filter(f"kind = '{schemas.ROW_KIND_QUARANTINE}'"),
+            quarantine_uri,
+            schemas.QUARANTINE,
+            sort_by=["dataset", "source_file", "source_position"],
+            **common,
+        )
+    finally:
+        unique.unpersist()
+        normalized.unpersist()
+    summary = build_summary(
+        run_id, output, counts, kept, samples, quarantine, len(files), len(splits)
+    )
+    summary["seconds"] = round(time.time() - started, 2)
+    reconcile(summary)
+    fs.write_bytes(
+        schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3
+    )
+    print(format_summary(summary))
+    return summary
+
+
+def _previous_summary(output, run_id, mode, uris, s3) -> dict | None:
+    """The saved summary if every table already holds this run's commit as it should."""
+    if any(tables.committed_run(uri, run_id, mode, s3) is None for uri in uris):
+        return None
+    report = schemas.report_uri(output, REPORT_NAME)
+    if not fs.exists(report, s3):
+        return None
+    summary = json.loads(fs.read_bytes(report, s3))
+    return {**summary, "skipped": True} if summary.get("run_id") == run_id else None
+
+
+def _normalized_rows(spark, splits, specs, settings, s3):
+    """The NORMALIZED DataFrame (one row per record + one per split), persisted on disk."""
+    from pyspark import StorageLevel
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    split_df = spark.createDataFrame(inputs.splits_table(splits)).repartition(len(splits))
+    raw = split_df.mapInArrow(
+        partial(inputs.read_splits_batches, s3=s3), from_arrow_schema(inputs.RAW)
+    )
+    tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
+    normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(
+        partial(records.normalize_batches, specs=specs, settings=settings, s3=s3),
+        from_arrow_schema(schemas.NORMALIZED),
+    )
+    return normalized.persist(StorageLevel.DISK_ONLY)
+
+
+def _kind_counts(normalized) -> list[dict]:
+    from pyspark.sql import functions as F
+
+    grouped = normalized.groupBy("kind", "dataset", "reason").agg(
+        F.count("*").alias("rows"), F.sum("records_read").alias("read")
+    )
+    return [r.asDict() for r in grouped.collect()]
+
+
+def _unique_samples(spark, normalized, samples_uri, mode, s3):
+    """One row per sample_id (the first by source order); in append mode, only new ids."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    samples = normalized.filter(f"kind = '{schemas.ROW_KIND_SAMPLE}'").select(
+        *schemas.SAMPLES.names
+    )
+    first = Window.partitionBy("sample_id").orderBy("dataset", "source_file", "source_position")
+    unique = samples.withColumn("_n", F.row_number().over(first)).filter("_n = 1").drop("_n")
+    if mode == "append" and tables.open_table(samples_uri, s3) is not None:
+        existing = tables.read_table(spark, samples_uri, s3).select("sample_id")
+        unique = unique.join(existing, "sample_id", "left_anti")
+    return unique.persist(StorageLevel.DISK_ONLY)
+
+
+def build_summary(run_id, output, counts, kept, samples, quarantine, n_files, n_splits) -> dict:
+    """Counts per dataset and per reason; duplicates = valid samples not kept."""
+    datasets: dict[str, dict[str, Any]] = {}
+    for row in counts:
+        d = datasets.setdefault(
+            row["dataset"], {"read": 0, "valid": 0, "quarantined": 0, "reasons": {}}
+        )
+        if row["kind"] == schemas.ROW_KIND_SPLIT:
+            d["read"] += row["read"] or 0
+        elif row["kind"] == schemas.ROW_KIND_SAMPLE:
+            d["valid"] += row["rows"]
+        else:
+            d["quarantined"] += row["rows"]
+            d["reasons"][row["reason"]] = d["reasons"].get(row["reason"], 0) + row["rows"]
+    for name, d in datasets.items():
+        d["samples"] = kept.get(name, 0)
+        d["duplicates"] = d.pop("valid") - d["samples"]
+        d["reasons"] = dict(sorted(d["reasons"].items()))
+    totals = {
+        k: sum(d[k] for d in datasets.values())
+        for k in ("read", "samples", "quarantined", "duplicates")
+    }
+    reasons: dict[str, int] = {}
+    for d in datasets.values():
+        for reason, n in d["reasons"].items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    return {
+        "stage": "normalize",
+        "run_id": run_id,
+        "output": output,
+        "input_files": n_files,
+        "splits": n_splits,
+        "totals": totals,
+        "reasons": dict(sorted(reasons.items())),
+        "datasets": dict(sorted(datasets.items())),
+        "tables": {"samples": asdict(samples), "quarantine": asdict(quarantine)},
+    }
+
+
+def reconcile(summary: Mapping[str, Any]) -> None:
+    """Fail loudly unless every record read is a sample, a quarantine row or a duplicate."""
+    t = summary["totals"]
+    written = {name: summary["tables"][name]["rows"] for name in ("samples", "quarantine")}
+    problems = []
+    if t["read"] != t["samples"] + t["quarantined"] + t["duplicates"]:
+        problems.append(
+            f"read {t['read']} != samples {t['samples']} + quarantined {t['quarantined']} "
+            f"+ duplicates {t['duplicates']}"
+        )
+    if written["samples"] != t["samples"] or written["quarantine"] != t["quarantined"]:
+        problems.append(f"tables hold {written}, counted {t['samples']} / {t['quarantined']}")
+    if problems:
+        raise ReconciliationError("normalize reconciliation failed: " + "; ".join(problems))
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The one-screen summary printed at the end of the stage."""
+    t = summary["totals"]
+    lines = [
+        f"normalize  run {summary['run_id']}  ({summary.get('seconds', '?')} s, "
+        f"{summary['input_files']} files, {summary['splits']} splits)",
+        f"  {'dataset':<24}{'read':>10}{'samples':>10}{'quarantined':>13}{'duplicates':>12}",
+    ]
+    for name, d in summary["datasets"].items():
+        lines.append(
+            f"  {name:<24}{d['read']:>10}{d['samples']:>10}{d['quarantined']:>13}{d['duplicates']:>12}"
+        )
+    lines.append(
+        f"  {'total':<24}{t['read']:>10}{t['samples']:>10}{t['quarantined']:>13}{t['duplicates']:>12}"
+    )
+    if summary["reasons"]:
+        lines.append("  quarantine reasons:")
+        lines += [f"    {reason:<28}{n:>8}" for reason, n in summary["reasons"].items()]
+    for name, table in summary["tables"].items():
+        state = "unchanged (already committed)" if table["skipped"] else "committed"
+        lines.append(
+            f"  {name}: {table['table']}  v{table['version']}  {table['rows']} rows, {state}"
+        )
+    lines.append(
+        f"  reconciled: read {t['read']} = samples {t['samples']} + quarantined "
+        f"{t['quarantined']} + duplicates {t['duplicates']}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,290 @@
+"""Delta tables through delta-rs: executors write Parquet, the driver commits once.
+
+There are no Delta jars here, so Spark never writes ``format("delta")``. Instead:
+
+1. each Spark task writes its partition as one Parquet file with pyarrow, under a name
+   made from the run id and the partition index (a retried task rewrites the same file);
+2. the driver commits all files as one Delta transaction carrying an application
+   transaction id ``mmpack:<run id>``; a run id that is already in the log is never
+   committed again (idempotent re-runs);
+3. readers go through the Delta file list, refusing tables with deletion vectors or
+   column mapping, which a plain Parquet read would get wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake.transaction import AddAction, create_table_with_add_actions
+
+from mmpack_udfs import fs
+
+UNSUPPORTED_READER_FEATURES = {"deletionVectors", "columnMapping"}
+WRITTEN_FILE = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("rows", pa.int64()),
+        ("modification_time", pa.int64()),
+    ]
+)
+
+
+class TableError(RuntimeError):
+    """A Delta table that cannot be read or written correctly."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    table: str
+    version: int
+    rows: int
+    files: int
+    skipped: bool  # True: this run id was already committed; nothing was written
+
+
+def app_id(run_id: str) -> str:
+    return f"mmpack:{run_id}"
+
+
+def storage_options(uri: str, s3: fs.S3Options | None = None) -> dict[str, str] | None:
+    """delta-rs storage options for an s3:// table (credentials from the AWS chain)."""
+    if not fs.is_s3(uri):
+        return None
+    s3 = s3 or fs.S3Options()
+    options = {"AWS_S3_ALLOW_UNSAFE_RENAME": "true", "AWS_REGION": s3.region or "us-east-1"}
+    if s3.endpoint_override:
+        endpoint = s3.endpoint_override
+        if "://" not in endpoint:
+            endpoint = f"{s3.scheme or 'https'}://{endpoint}"
+        options["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            options["AWS_ALLOW_HTTP"] = "true"
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        if os.environ.get(key):
+            options[key] = os.environ[key]
+    return options
+
+
+def open_table(uri: str, s3: fs.S3Options | None = None) -> DeltaTable | None:
+    """The Delta table at ``uri``, or None if there is none yet."""
+    options = storage_options(uri, s3)
+    if not DeltaTable.is_deltatable(uri, storage_options=options):
+        return None
+    return DeltaTable(uri, storage_options=options)
+
+
+def committed_run(
+    uri: str, run_id: str, mode: str = "append", s3: fs.S3Options | None = None
+) -> CommitResult | None:
+    """The commit this run id made, if it still stands: anywhere in the log for ``append``,
+    the latest commit for ``overwrite`` (another run may have overwritten it since)."""
+    table = open_table(uri, s3)
+    if table is None or table.transaction_version(app_id(run_id)) is None:
+        return None
+    for commit in table.history():
+        if commit.get("mmpack_run_id") == run_id:
+            if mode == "overwrite" and int(commit["version"]) != table.version():
+                return None
+            return CommitResult(
+                uri,
+                int(commit["version"]),
+                int(commit["mmpack_rows"]),
+                int(commit["mmpack_files"]),
+                skipped=True,
+            )
+    raise TableError(f"{uri}: run {run_id} is in the transaction log but its commit is gone")
+
+
+def check_readable(table: DeltaTable, uri: str) -> None:
+    """Refuse tables whose files a plain Parquet read would misinterpret."""
+    protocol = table.protocol()
+    features = set(protocol.reader_features or [])
+    bad = features & UNSUPPORTED_READER_FEATURES
+    if bad:
+        raise TableError(f"{uri}: uses {sorted(bad)}; mmpack reads only plain Delta tables")
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode not in (None, "none"):
+        raise TableError(f"{uri}: uses column mapping mode '{mode}', which mmpack cannot read")
+
+
+def data_files(uri: str, s3: fs.S3Options | None = None) -> tuple[int, list[str]]:
+    """The table version and the URIs of its current data files, after the safety checks."""
+    table = open_table(uri, s3)
+    if table is None:
+        raise TableError(f"no Delta table at {uri}")
+    check_readable(table, uri)
+    return table.version(), sorted(table.file_uris())
+
+
+def read_arrow(uri: str, s3: fs.S3Options | None = None) -> pa.Table:
+    """The whole table as Arrow on the driver (small tables, tests and reports)."""
+    _, files = data_files(uri, s3)
+    schema = open_table(uri, s3).schema().to_arrow()
+    schema = pa.schema(schema)
+    if not files:
+        return schema.empty_table()
+    parts = []
+    for file in files:
+        filesystem, path = fs.filesystem(file, s3)
+        parts.append(pq.read_table(path, filesystem=filesystem))
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def read_table(spark, uri: str, s3: fs.S3Options | None = None):
+    """A Spark DataFrame over the table's current files (local: Spark's Parquet reader)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    _, files = data_files(uri, s3)
+    arrow_schema = pa.schema(open_table(uri, s3).schema().to_arrow())
+    spark_schema = from_arrow_schema(arrow_schema)
+    if not files:
+        return spark.createDataFrame([], spark_schema)
+    if not any(fs.is_s3(f) for f in files):
+        return spark.read.schema(spark_schema).parquet(*files)
+    listing = spark.createDataFrame([(f,) for f in files], "uri string").repartition(len(files))
+
+    def read_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for file in batch.column("uri").to_pylist():
+                filesystem, path = fs.filesystem(file, s3)
+                yield from (
+                    pq.read_table(path, filesystem=filesystem).cast(arrow_schema).to_batches()
+                )
+
+    return listing.mapInArrow(read_files, spark_schema)
+
+
+def write_table(
+    df,
+    uri: str,
+    schema: pa.Schema,
+    *,
+    run_id: str,
+    mode: str,
+    sort_by: Sequence[str],
+    rows_per_file: int,
+    s3: fs.S3Options | None = None,
+) -> CommitResult:
+    """Write ``df`` as Parquet files under ``uri`` and commit them as one Delta transaction.
+
+    The same rows always land in the same files with the same bytes: rows are hashed to
+    ``ceil(rows / rows_per_file)`` partitions by ``sort_by`` and sorted inside each.
+    """
+    previous = committed_run(uri, run_id, mode, s3)
+    if previous is not None:
+        return previous
+    rows = df.count()
+    n_files = max(1, math.ceil(rows / rows_per_file)) if rows else 0
+    written: list[dict] = []
+    if n_files:
+        tag = hashlib.sha256(run_id.encode()).hexdigest()[:16]
+        ordered = (
+            df.select(*schema.names).repartition(n_files, *sort_by).sortWithinPartitions(*sort_by)
+        )
+        writer = _partition_writer(uri, schema, tag, s3)
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        written = [
+            r.asDict()
+            for r in ordered.mapInArrow(writer, from_arrow_schema(WRITTEN_FILE)).collect()
+        ]
+    total = sum(w["rows"] for w in written)
+    if total != rows:
+        raise TableError(f"{uri}: wrote {total} rows but the DataFrame has {rows}")
+    version = _commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, s3=s3)
+    return CommitResult(uri, version, rows, len(written), skipped=False)
+
+
+def _partition_writer(uri: str, schema: pa.Schema, tag: str, s3: fs.S3Options | None):
+    """The mapInArrow function that writes one partition to one Parquet file."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        name = f"part-{TaskContext.get().partitionId():05d}-{tag}.parquet"
+        filesystem, root = fs.filesystem(uri, s3)
+        if not fs.is_s3(uri):
+            filesystem.create_dir(root, recursive=True)
+        path = f"{root}/{name}"
+        rows = 0
+        writer = None
+        try:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                if writer is None:
+                    sink = filesystem.open_output_stream(path)
+                    writer = pq.ParquetWriter(sink, schema, compression="zstd")
+                writer.write_batch(batch.cast(schema))
+                rows += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+                sink.close()
+        if writer is None:
+            return
+        info = filesystem.get_file_info(path)
+        mtime = info.mtime_ns // 1_000_000 if info.mtime_ns else 0
+        yield pa.RecordBatch.from_pylist(
+            [{"path": name, "size": info.size, "rows": rows, "modification_time": mtime}],
+            schema=WRITTEN_FILE,
+        )
+
+    return write
+
+
+def _commit(
+    uri: str,
+    schema: pa.Schema,
+    written: list[dict],
+    *,
+    run_id: str,
+    mode: str,
+    rows: int,
+    s3: fs.S3Options | None,
+) -> int:
+    actions = [
+        AddAction(
+            path=w["path"],
+            size=w["size"],
+            partition_values={},
+            modification_time=w["modification_time"],
+            data_change=True,
+            stats=json.dumps({"numRecords": w["rows"]}),
+        )
+        for w in sorted(written, key=lambda w: w["path"])
+    ]
+    properties = CommitProperties(
+        custom_metadata={
+            "mmpack_run_id": run_id,
+            "mmpack_rows": str(rows),
+            "mmpack_files": str(len(actions)),
+        },
+    )
+    options = storage_options(uri, s3)
+    table = open_table(uri, s3)
+    txn_version = 1 if table is None else table.version() + 1
+    properties.app_transactions = [Transaction(app_id(run_id), txn_version)]
+    if table is None:
+        create_table_with_add_actions(
+            uri,
+            Schema.from_arrow(schema),
+            actions,
+            mode="error",
+            storage_options=options,
+            commit_properties=properties,
+        )
+    else:
+        table.create_write_transaction(
+            actions, mode=mode, schema=schema, commit_properties=properties
+        )
+    return open_table(uri, s3).version()
