@@ -1,4 +1,4 @@
-"""The ``mmpack`` command line. ``mmpack --help`` and ``mmpack COMMAND --help`` explain each option."""
+"""The ``mmpack`` command line: ``mmpack --help`` and ``mmpack COMMAND --help`` explain it."""
 
 from __future__ import annotations
 

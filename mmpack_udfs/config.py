@@ -84,9 +84,17 @@ def apply_override(config: dict[str, Any], item: str) -> dict[str, Any]:
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {dotted}: value is not valid YAML: {err}") from err
     update: Any = value
-    for part in reversed(dotted.strip().split(".")):
+    for part in reversed(_key_path(dotted.strip())):
         update = {part: update}
     return merge(config, update, where=f"--set {item}")
+
+
+def _key_path(dotted: str) -> list[str]:
+    """``a.b.c`` → [a, b, c]; inside a free-form map the rest stays one key (Spark's dots)."""
+    for free in FREE_FORM_KEYS:
+        if dotted.startswith(free + "."):
+            return [*free.split("."), dotted[len(free) + 1 :]]
+    return dotted.split(".")
 
 
 def validate(config: Mapping[str, Any]) -> None:

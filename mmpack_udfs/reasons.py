@@ -34,7 +34,7 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.NON_STRING_CONTENT: "a turn's content or the system prompt is not a string",
     Reason.MALFORMED_MEDIA_FIELD: "images/videos is not a string or a list of strings",
     Reason.PLACEHOLDER_MEDIA_MISMATCH: "the count of <image>/<video> placeholders != media given",
-    Reason.MEDIA_PATH_ESCAPE: "a media reference is absolute or leaves the media root (.., symlink)",
+    Reason.MEDIA_PATH_ESCAPE: "a media reference is absolute or leaves the media root (.., links)",
     Reason.MEDIA_MISSING: "a referenced media file does not exist",
     Reason.MEDIA_UNREADABLE: "a media file cannot be opened or decoded (corrupt, wrong format)",
     Reason.IMAGE_TOO_LARGE: "an image has more pixels than normalize.max_image_pixels",

@@ -91,7 +91,7 @@ class DatasetSpec:
             format=entry.get("format", "auto"),
             dialect=entry.get("dialect", "auto"),
             columns=tuple(sorted((entry.get("columns") or {}).items())),
-            tags=tuple(sorted((entry.get("tags") or {}).items())),
+            tags=tuple(sorted((k, _hashable(v)) for k, v in (entry.get("tags") or {}).items())),
         )
 
     def mapping(self, dialect: str) -> KeyMap:
@@ -105,7 +105,7 @@ def _key_map(spec: DatasetSpec, dialect: str) -> KeyMap:
     tags = {**preset["tags"], **PLACEHOLDER_DEFAULTS, **dict(spec.tags)}
     roles: dict[str, str] = {}
     for canonical in ("user", "assistant", "system", "function_call", "observation"):
-        values = tags[canonical] if isinstance(tags[canonical], list) else [tags[canonical]]
+        values = tags[canonical] if isinstance(tags[canonical], tuple) else [tags[canonical]]
         for value in values:
             roles[str(value)] = CANONICAL_ROLE.get(canonical, canonical)
     return KeyMap(
@@ -116,6 +116,10 @@ def _key_map(spec: DatasetSpec, dialect: str) -> KeyMap:
         image_placeholder=tags["image_placeholder"],
         video_placeholder=tags["video_placeholder"],
     )
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _resolve(path: str, base: str) -> str:

@@ -27,7 +27,6 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from mmpack_udfs import fs
 
-UNSUPPORTED_READER_FEATURES = {"deletionVectors", "columnMapping"}
 WRITTEN_FILE = pa.schema(
     [
         ("path", pa.string()),
@@ -105,15 +104,17 @@ def committed_run(
 
 
 def check_readable(table: DeltaTable, uri: str) -> None:
-    """Refuse tables whose files a plain Parquet read would misinterpret."""
-    protocol = table.protocol()
-    features = set(protocol.reader_features or [])
-    bad = features & UNSUPPORTED_READER_FEATURES
-    if bad:
-        raise TableError(f"{uri}: uses {sorted(bad)}; mmpack reads only plain Delta tables")
-    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if mode not in (None, "none"):
+    """Refuse tables whose files a plain Parquet read would get wrong: files with deletion
+    vectors (deleted rows would come back) and column mapping (physical names differ)."""
+    mode = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
+    if mode != "none":
         raise TableError(f"{uri}: uses column mapping mode '{mode}', which mmpack cannot read")
+    features = set(table.protocol().reader_features or [])
+    if "deletionVectors" in features and pa.table(table.deletion_vectors()).num_rows:
+        raise TableError(
+            f"{uri}: has files with deletion vectors, which mmpack cannot read; "
+            "rewrite the table without them (e.g. OPTIMIZE ... / REORG TABLE ... APPLY (PURGE))"
+        )
 
 
 def data_files(uri: str, s3: fs.S3Options | None = None) -> tuple[int, list[str]]:

@@ -209,13 +209,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         f"{summary['input_files']} files, {summary['splits']} splits)",
         f"  {'dataset':<24}{'read':>10}{'samples':>10}{'quarantined':>13}{'duplicates':>12}",
     ]
-    for name, d in summary["datasets"].items():
-        lines.append(
-            f"  {name:<24}{d['read']:>10}{d['samples']:>10}{d['quarantined']:>13}{d['duplicates']:>12}"
-        )
-    lines.append(
-        f"  {'total':<24}{t['read']:>10}{t['samples']:>10}{t['quarantined']:>13}{t['duplicates']:>12}"
-    )
+    for name, d in [*summary["datasets"].items(), ("total", t)]:
+        counts = f"{d['read']:>10}{d['samples']:>10}{d['quarantined']:>13}{d['duplicates']:>12}"
+        lines.append(f"  {name:<24}{counts}")
     if summary["reasons"]:
         lines.append("  quarantine reasons:")
         lines += [f"    {reason:<28}{n:>8}" for reason, n in summary["reasons"].items()]

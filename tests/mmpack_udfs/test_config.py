@@ -1,0 +1,58 @@
+import pytest
+
+from mmpack_udfs.config import ConfigError, config_hash, load_config
+
+
+def test_defaults_load_and_validate():
+    config = load_config()
+    assert config["mode"] == "overwrite"
+    assert config["spark"]["master"] == "local[*]"
+    assert config["normalize"]["max_image_pixels"] > 0
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("output: /data/out\nnormalize:\n  split_bytes: 1024\n")
+    config = load_config(path, ["normalize.split_bytes=2048", "spark.conf.spark.foo=bar"])
+    assert config["output"] == "/data/out"
+    assert config["normalize"]["split_bytes"] == 2048
+    assert config["spark"]["conf"]["spark.foo"] == "bar"
+    assert config["normalize"]["rows_per_file"] == 100000  # untouched defaults survive
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["normalize.max_pixels=3"], "unknown config key 'normalize.max_pixels'"),
+        (["mode=upsert"], "mode must be"),
+        (["normalize.split_bytes=-1"], "normalize.split_bytes must be a positive integer"),
+        (["output"], "key=value"),
+        (["datasets=[{name: a}]"], "'paths' is required"),
+        (["datasets=[{name: a, paths: x, media_root: m, colums: {}}]"], "unknown key"),
+        (["datasets=[{name: a, paths: x, media_root: m, format: csv}]"], "format must be"),
+    ],
+)
+def test_bad_config_is_a_clear_error(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_missing_or_bad_yaml_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_dataset_paths_are_relative_to_the_config_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("datasets:\n- {name: a, paths: [d/*.jsonl], media_root: media}\n")
+    assert load_config(path)["datasets"][0]["_base_dir"] == str(tmp_path)
+
+
+def test_config_hash_ignores_spark_settings():
+    a = load_config(None, ["spark.master=local[1]"])
+    b = load_config(None, ["spark.master=local[4]"])
+    c = load_config(None, ["normalize.split_bytes=7"])
+    assert config_hash(a) == config_hash(b) != config_hash(c)

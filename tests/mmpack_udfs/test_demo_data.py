@@ -1,0 +1,35 @@
+import hashlib
+
+from mmpack_udfs import demo_data
+
+
+def digest(root):
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def test_same_seed_same_dataset_other_seed_other_records(tmp_path):
+    a = demo_data.generate(tmp_path / "a", samples=40, seed=3)
+    b = demo_data.generate(tmp_path / "b", samples=40, seed=3)
+    c = demo_data.generate(tmp_path / "c", samples=40, seed=4)
+    da, db, dc = digest(a.root), digest(b.root), digest(c.root)
+    data = [k for k in da if k.startswith("data/")]
+    assert len(data) == 3
+    assert {k: da[k] for k in data} == {k: db[k] for k in data}
+    assert da["data/sharegpt.jsonl"] != dc["data/sharegpt.jsonl"]
+    images = [k for k in da if k.startswith("media/images/")]
+    assert {k: da[k] for k in images} == {k: db[k] for k in images}
+    assert a.records == b.records and a.bad_records > 25
+
+
+def test_media_is_varied_and_real(tmp_path):
+    from PIL import Image
+
+    demo = demo_data.generate(tmp_path, samples=200, seed=0)
+    images = sorted((demo.root / "media" / "images").iterdir())
+    sizes = {Image.open(p).size for p in images}
+    assert {p.suffix for p in images} == {".jpg", ".png"} and len(sizes) >= 8
+    assert {p.suffix for p in (demo.root / "media" / "videos").iterdir()} == {".mp4", ".avi"}

@@ -1,0 +1,103 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mmpack_udfs import inputs
+from mmpack_udfs.sharegpt import DatasetSpec
+
+
+def records_of(files, split_bytes):
+    """Every (file, position, raw, error) the splits yield, and the per-split counts."""
+    out, counted = [], 0
+    for split in inputs.plan_splits(files, split_bytes):
+        for row in inputs.read_split(split):
+            if row["records_read"] is None:
+                out.append((row["source_file"], row["source_position"], row["raw"], row["error"]))
+            else:
+                counted += row["records_read"]
+    return out, counted
+
+
+def one_file(path, dataset="d"):
+    spec = DatasetSpec(name=dataset, paths=(str(path),), media_root="/m")
+    return inputs.list_inputs([spec])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(st.text(alphabet="ab{}é\r ", max_size=30), max_size=25),
+    trailing_newline=st.booleans(),
+    split_bytes=st.integers(min_value=1, max_value=80),
+)
+def test_jsonl_byte_range_splits_yield_every_line_once(
+    tmp_path_factory, lines, trailing_newline, split_bytes
+):
+    path = tmp_path_factory.mktemp("jsonl") / "x.jsonl"
+    data = "\n".join(lines) + ("\n" if trailing_newline and lines else "")
+    path.write_bytes(data.encode())
+    expected, offset = [], 0
+    for line in lines:
+        if line.strip():
+            expected.append((offset, line.rstrip("\r")))
+        offset += len(line.encode()) + 1
+    got, counted = records_of(one_file(path), split_bytes)
+    assert sorted((pos, raw) for _, pos, raw, _ in got) == expected
+    assert counted == len(expected)
+
+
+def test_json_array_positions_and_lone_object(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([{"k": 1}, {"k": 2}]))
+    (tmp_path / "b.json").write_text(json.dumps({"k": 3}, indent=2))
+    got, counted = records_of(one_file(tmp_path), 1 << 20)
+    assert [(p, json.loads(r)["k"]) for _, p, r, _ in got] == [(0, 1), (1, 2), (0, 3)]
+    assert counted == 3
+
+
+def test_invalid_json_file_is_one_invalid_record(tmp_path):
+    (tmp_path / "bad.json").write_text('[{"k": 1}, {"k": ')
+    got, counted = records_of(one_file(tmp_path), 1 << 20)
+    assert counted == 1 and got[0][3].startswith("invalid_json")
+
+
+def test_json_file_of_json_lines_is_read_as_jsonl(tmp_path):
+    (tmp_path / "lines.json").write_text('{"k": 1}\n{"k": 2}\n')
+    assert one_file(tmp_path)[0].format == "jsonl"
+
+
+def test_non_utf8_line_is_flagged(tmp_path):
+    (tmp_path / "x.jsonl").write_bytes(b'{"a": 1}\n{"a": "\xff"}\n')
+    got, _ = records_of(one_file(tmp_path), 1 << 20)
+    assert got[0][3] is None and got[1][3].startswith("invalid_json")
+
+
+def test_parquet_row_groups_keep_file_positions(tmp_path):
+    table = pa.table({"conversations": [[{"from": "human", "value": str(i)}] for i in range(10)]})
+    pq.write_table(table, tmp_path / "x.parquet", row_group_size=3)
+    files = one_file(tmp_path)
+    assert len(inputs.plan_splits(files, 1 << 20)) == 4
+    got, counted = records_of(files, 1 << 20)
+    assert sorted(p for _, p, _, _ in got) == list(range(10)) and counted == 10
+    assert all(json.loads(r)["conversations"][0]["value"] == str(p) for _, p, r, _ in got)
+
+
+def test_unknown_extension_and_empty_match_are_errors(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(inputs.InputError, match="format"):
+        one_file(tmp_path)
+    with pytest.raises(inputs.InputError, match="no input files"):
+        one_file(tmp_path / "*.jsonl")
+
+
+def test_globs_and_directories_expand_sorted_and_skip_hidden(tmp_path):
+    for name in ("b.jsonl", "a.jsonl", ".hidden.jsonl", "sub/c.jsonl"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("{}\n")
+    names = [f.uri.rsplit("/", 1)[1] for f in one_file(tmp_path)]
+    assert names == ["a.jsonl", "b.jsonl", "c.jsonl"]
+    assert len(one_file(tmp_path / "*.jsonl")) == 2

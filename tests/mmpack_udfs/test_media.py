@@ -1,0 +1,116 @@
+import os
+
+import pytest
+
+from mmpack_udfs import demo_data, media
+from mmpack_udfs.reasons import Reason, Rejected
+
+SETTINGS = media.ProbeSettings()
+
+
+@pytest.fixture(scope="module")
+def media_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    demo_data._write_bad_media(root)
+    img = demo_data._drawing(300, 120, __import__("random").Random(3))
+    img.save(root / "media" / "wide.jpg", quality=80)
+    img.save(root / "media" / "wide.png")
+    demo_data._encode_video(root / "media" / "clip.mp4", "mp4v", 160, 120, 20, 10.0, 1)
+    demo_data._encode_video(root / "media" / "clip.avi", "MJPG", 96, 64, 12, 4.0, 2)
+    return root / "media"
+
+
+def reason_of(fn, *args) -> Reason:
+    with pytest.raises(Rejected) as info:
+        fn(*args)
+    return info.value.reason
+
+
+@pytest.mark.parametrize(
+    "ref", ["../x.jpg", "a/../../x.jpg", "/etc/passwd", "s3://b/k.jpg", "C:/x.jpg", "..", "", "."]
+)
+def test_references_that_leave_the_root_are_refused(ref, tmp_path):
+    assert reason_of(media.resolve, ref, str(tmp_path)) == Reason.MEDIA_PATH_ESCAPE
+
+
+def test_symlink_out_of_the_root_is_refused_inside_is_fine(media_root):
+    assert reason_of(media.resolve, "bad/link_out.jpg", str(media_root)) == Reason.MEDIA_PATH_ESCAPE
+    os.symlink("wide.jpg", media_root / "alias.jpg")
+    assert media.resolve("alias.jpg", str(media_root)) == str(media_root / "alias.jpg")
+    assert media.resolve("a/../wide.jpg", str(media_root)) == str(media_root / "wide.jpg")
+
+
+def test_s3_references_join_the_prefix():
+    assert media.resolve("img/a.jpg", "s3://bucket/media/") == "s3://bucket/media/img/a.jpg"
+    assert reason_of(media.resolve, "../a.jpg", "s3://bucket/media") == Reason.MEDIA_PATH_ESCAPE
+
+
+@pytest.mark.parametrize("name", ["wide.jpg", "wide.png"])
+def test_images_are_probed_for_size(media_root, name):
+    info = media.probe("image", str(media_root / name), SETTINGS)
+    assert (info.kind, info.width, info.height) == ("image", 300, 120)
+    assert info.file_bytes == (media_root / name).stat().st_size
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("bad/truncated.jpg", Reason.MEDIA_UNREADABLE),
+        ("bad/not_an_image.png", Reason.MEDIA_UNREADABLE),
+        ("bad/bomb.png", Reason.IMAGE_TOO_LARGE),
+        ("nope.jpg", Reason.MEDIA_MISSING),
+        ("bad", Reason.MEDIA_UNREADABLE),
+    ],
+)
+def test_bad_images(media_root, name, reason):
+    assert reason_of(media.probe, "image", str(media_root / name), SETTINGS) == reason
+
+
+def test_pixel_limit_is_configurable(media_root):
+    small = media.ProbeSettings(max_image_pixels=300 * 120 - 1)
+    assert (
+        reason_of(media.probe, "image", str(media_root / "wide.png"), small)
+        == Reason.IMAGE_TOO_LARGE
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "frames", "fps"),
+    [("clip.mp4", (160, 120), 20, 10.0), ("clip.avi", (96, 64), 12, 4.0)],
+)
+def test_videos_are_probed(media_root, name, size, frames, fps):
+    info = media.probe("video", str(media_root / name), SETTINGS)
+    assert (info.width, info.height, info.frames, info.fps) == (*size, frames, fps)
+    assert info.duration == pytest.approx(frames / fps)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("bad/frameless.avi", Reason.VIDEO_NO_FRAMES),
+        ("bad/empty.avi", Reason.VIDEO_NO_FRAMES),
+        ("bad/garbage.mp4", Reason.MEDIA_UNREADABLE),
+        ("missing.mp4", Reason.MEDIA_MISSING),
+    ],
+)
+def test_bad_videos(media_root, name, reason):
+    assert reason_of(media.probe, "video", str(media_root / name), SETTINGS) == reason
+
+
+def test_media_on_s3(s3_bucket, media_root):
+    import boto3
+
+    from mmpack_udfs.fs import S3Options
+
+    endpoint, bucket = s3_bucket
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.upload_file(str(media_root / "wide.jpg"), bucket, "m/wide.jpg")
+    client.upload_file(str(media_root / "clip.mp4"), bucket, "m/clip.mp4")
+    s3 = S3Options(endpoint_override=endpoint)
+    image = media.probe("image", media.resolve("wide.jpg", f"s3://{bucket}/m"), SETTINGS, s3)
+    video = media.probe("video", f"s3://{bucket}/m/clip.mp4", SETTINGS, s3)
+    assert (image.width, image.height, video.frames) == (300, 120, 20)
+    assert (
+        reason_of(media.probe, "image", f"s3://{bucket}/m/none.jpg", SETTINGS, s3)
+        == Reason.MEDIA_MISSING
+    )

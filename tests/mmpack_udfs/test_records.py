@@ -1,0 +1,60 @@
+import json
+
+from mmpack_udfs import media, records
+from mmpack_udfs.schemas import ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
+from mmpack_udfs.sharegpt import DatasetSpec
+
+
+def normalizer(tmp_path, max_raw_chars=1 << 20):
+    spec = DatasetSpec(name="d", paths=("x",), media_root=str(tmp_path))
+    settings = records.NormalizeSettings(media.ProbeSettings(), max_raw_chars=max_raw_chars)
+    return records.RecordNormalizer({"d": spec}, settings)
+
+
+def raw(text, error=None, position=5, read=None):
+    return {
+        "dataset": "d",
+        "source_file": "/in/x.jsonl",
+        "source_position": position,
+        "raw": text,
+        "error": error,
+        "records_read": read,
+    }
+
+
+def test_valid_record_becomes_a_sample_row(tmp_path):
+    record = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    row = normalizer(tmp_path)(raw(json.dumps(record)))
+    assert row["kind"] == ROW_KIND_SAMPLE and row["media"] == [] and row["system"] is None
+    assert row["turns"] == [{"role": "user", "text": "hi"}, {"role": "assistant", "text": "yo"}]
+    assert (row["source_file"], row["source_position"]) == ("/in/x.jsonl", 5)
+
+
+def test_bad_json_is_quarantined_with_the_raw_text_truncated(tmp_path):
+    row = normalizer(tmp_path, max_raw_chars=4)(raw("{not json at all"))
+    assert row["kind"] == ROW_KIND_QUARANTINE and row["reason"] == "invalid_json"
+    assert row["raw"] == "{not" and row["raw_truncated"] is True
+
+
+def test_decode_errors_from_the_reader_keep_their_reason(tmp_path):
+    row = normalizer(tmp_path)(raw("[{", error="invalid_json: Expecting value"))
+    assert (row["reason"], row["detail"]) == ("invalid_json", "Expecting value")
+
+
+def test_split_summary_rows_pass_through(tmp_path):
+    row = normalizer(tmp_path)(raw(None, position=-1, read=12))
+    assert row["kind"] == ROW_KIND_SPLIT and row["records_read"] == 12
+
+
+def test_a_missing_image_is_probed_once_and_quarantined_every_time(tmp_path, monkeypatch):
+    calls = []
+    real = media.probe
+    monkeypatch.setattr(media, "probe", lambda *a, **k: calls.append(a) or real(*a, **k))
+    record = {
+        "conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "x"}],
+        "images": ["gone.jpg"],
+    }
+    n = normalizer(tmp_path)
+    rows = [n(raw(json.dumps(record), position=p)) for p in range(3)]
+    assert [r["reason"] for r in rows] == ["media_missing"] * 3
+    assert len(calls) == 1
