@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -101,18 +102,19 @@ def test_rerun_of_the_same_input_commits_nothing(spark, demo, first_run):
     assert samples_of(out).equals(before[1])
 
 
+def files_by_partition(uri):
+    """Data file bytes keyed by partition index (file names are part-<index>-<run tag>)."""
+    return {Path(f).name.split("-")[1]: Path(f).read_bytes() for f in tables.data_files(uri)[1]}
+
+
 def test_a_new_run_id_rewrites_byte_identical_files(spark, demo, first_run):
-    out, summary = first_run
+    out, _ = first_run
     uri = table_uri(str(out), "samples")
     version = tables.open_table(uri).version()
-    before = {
-        f.rsplit("/", 1)[1].split("-")[1]: open(f, "rb").read() for f in tables.data_files(uri)[1]
-    }
+    before = files_by_partition(uri)
     rerun = normalize.run(spark, demo_config(demo, out, "run_id=forced-second-run"))
     assert rerun["tables"]["samples"]["version"] == version + 1
-    after = {
-        f.rsplit("/", 1)[1].split("-")[1]: open(f, "rb").read() for f in tables.data_files(uri)[1]
-    }
+    after = files_by_partition(uri)
     assert after == before  # same partition → same bytes, only the names carry the run id
 
 
@@ -163,7 +165,7 @@ def test_append_a_second_dataset_counts_existing_samples_as_duplicates(spark, de
 
 
 def test_a_fresh_spark_session_reads_the_tables(first_run):
-    out, summary = first_run
+    out, _ = first_run
     code = (
         "import json, sys\n"
         "from mmpack_udfs.spark import get_spark\n"
