@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 
 from mmpack_udfs import demo_data
 from mmpack_udfs.config import load_config
+
+# Fake credentials for the loopback S3 server, set before Spark starts so that its Python
+# workers inherit them.
+os.environ.update(
+    AWS_ACCESS_KEY_ID="testing",
+    AWS_SECRET_ACCESS_KEY="testing",
+    AWS_DEFAULT_REGION="us-east-1",
+    AWS_EC2_METADATA_DISABLED="true",
+)
 
 TEST_SPARK = {
     "master": "local[2]",
@@ -53,21 +66,30 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """A real S3 API (moto's server) on loopback; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
+    """A real S3 API (moto's server) on loopback, in its own process; yields its endpoint URL.
 
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        os.environ[key] = value
+    Its own process, not a thread: delta-rs holds the GIL while it waits on HTTP, so an
+    in-process server thread could never answer it.
+    """
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
+            break
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                raise RuntimeError("moto server did not start") from None
+            time.sleep(0.2)
+    yield endpoint
+    server.terminate()
+    server.wait(timeout=30)
 
 
 @pytest.fixture
