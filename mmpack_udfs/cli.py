@@ -39,14 +39,25 @@ def config_from_args(args: argparse.Namespace) -> dict:
     return load_config(args.config, overrides)
 
 
-def run_normalize(args: argparse.Namespace) -> int:
+def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
+    """Run the named stages in order in one SparkSession."""
     from mmpack_udfs.spark import get_spark
-    from mmpack_udfs.stages import normalize
+    from mmpack_udfs.stages import normalize, tokenize
 
+    modules = {"normalize": normalize, "tokenize": tokenize}
     config = config_from_args(args)
     spark = get_spark(config["spark"], args.master)
-    normalize.run(spark, config)
+    for stage in stages:
+        modules[stage].run(spark, config)
     return EXIT_OK
+
+
+def run_normalize(args: argparse.Namespace) -> int:
+    return run_stages(args, ["normalize"])
+
+
+def run_tokenize(args: argparse.Namespace) -> int:
+    return run_stages(args, ["tokenize"])
 
 
 def run_demo_data(args: argparse.Namespace) -> int:
@@ -68,7 +79,7 @@ def run_demo(args: argparse.Namespace) -> int:
     demo = demo_data.generate(out / "input", samples=args.samples, seed=args.seed)
     print(f"demo data: {demo.records} records under {demo.root}")
     args.config, args.out = str(demo.config), str(out.resolve())
-    return run_normalize(args)
+    return run_stages(args, ["normalize", "tokenize"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("normalize", help="ShareGPT files + media → Delta samples/quarantine")
     add_config_options(p)
     p.set_defaults(func=run_normalize)
+
+    p = commands.add_parser(
+        "tokenize", help="Delta samples → Delta tokenized (ids, labels, media spans)"
+    )
+    add_config_options(p)
+    p.set_defaults(func=run_tokenize)
 
     p = commands.add_parser("demo-data", help="generate a realistic demo dataset with real media")
     p.add_argument("dir", help="directory to write the dataset into")
@@ -109,9 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     except Exception as err:
         from mmpack_udfs.inputs import InputError
-        from mmpack_udfs.stages.normalize import ReconciliationError
+        from mmpack_udfs.stages import normalize, tokenize
+        from mmpack_udfs.tables import TableError
 
-        if isinstance(err, InputError | ReconciliationError):
+        failures = (
+            InputError,
+            TableError,
+            normalize.ReconciliationError,
+            tokenize.ReconciliationError,
+        )
+        if isinstance(err, failures):
             print(f"mmpack: {err}", file=sys.stderr)
             return EXIT_FAILED
         raise

@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 CONF_DIR = Path(os.environ.get("MMPACK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
-FREE_FORM_KEYS = {"spark.conf"}
+FREE_FORM_KEYS = {"spark.conf"}  # maps whose keys contain dots (Spark settings)
+OPEN_MAPS = FREE_FORM_KEYS | {"profiles"}  # maps that accept new keys (a new model profile)
 DATASET_KEYS = {"name", "paths", "format", "dialect", "columns", "tags", "media_root"}
 
 
@@ -64,7 +65,7 @@ def merge(
     result = copy.deepcopy(dict(base))
     for key, value in update.items():
         dotted = f"{prefix}{key}"
-        if key not in base and prefix.rstrip(".") not in FREE_FORM_KEYS:
+        if key not in base and prefix.rstrip(".") not in OPEN_MAPS:
             valid = ", ".join(sorted(f"{prefix}{k}" for k in base))
             raise ConfigError(f"{where}: unknown config key '{dotted}' (valid here: {valid})")
         if isinstance(base.get(key), dict) and isinstance(value, dict):
@@ -107,6 +108,7 @@ def validate(config: Mapping[str, Any]) -> None:
     for key in ("max_image_pixels", "split_bytes", "rows_per_file", "max_raw_chars"):
         _positive_int(norm[key], f"normalize.{key}")
     _positive_int(norm["video_check_frames"], "normalize.video_check_frames")
+    _validate_tokenize(config)
     if not isinstance(config["datasets"], list):
         raise ConfigError("datasets must be a list")
     names = set()
@@ -115,6 +117,23 @@ def validate(config: Mapping[str, Any]) -> None:
         if dataset["name"] in names:
             raise ConfigError(f"datasets[{i}]: duplicate dataset name '{dataset['name']}'")
         names.add(dataset["name"])
+
+
+def _validate_tokenize(config: Mapping[str, Any]) -> None:
+    section = config["tokenize"]
+    _positive_int(section["max_tokens"], "tokenize.max_tokens")
+    _positive_int(section["rows_per_file"], "tokenize.rows_per_file")
+    choices = {"over_length": ("drop", "truncate", "split"), "loss": ("assistant", "all", "last")}
+    for key, allowed in choices.items():
+        if section[key] not in allowed:
+            raise ConfigError(
+                f"tokenize.{key} must be one of {', '.join(allowed)}, got {section[key]!r}"
+            )
+    if section["profile"] not in config["profiles"]:
+        known = ", ".join(sorted(config["profiles"]))
+        raise ConfigError(
+            f"tokenize.profile '{section['profile']}' is not a profile (known: {known})"
+        )
 
 
 def _validate_dataset(dataset: Any, i: int) -> None:

@@ -71,6 +71,9 @@ class DemoData:
     records: int
     bad_records: int
     duplicates: int
+    tokenize_rejects: (
+        int  # valid samples a default tokenize quarantines (too long, panorama, 1 frame)
+    )
 
 
 def generate(
@@ -85,7 +88,8 @@ def generate(
     videos = [_write_video(root, i, rng) for i in range(n_videos)]
     bad = _write_bad_media(root)
 
-    good = [_conversation(rng, images, videos) for _ in range(samples)]
+    good = [_conversation(rng, images, videos) for _ in range(samples - 3)]
+    good += _tokenize_edge_records(rng, bad)
     n_dups = max(samples // 50, 1)
     good += [dict(good[rng.randrange(samples)]) for _ in range(n_dups)]
     bad_records = _bad_records(rng, images, videos, bad)
@@ -103,7 +107,7 @@ def generate(
     )
     config = _write_config(root)
     n_bad = sum(len(v) for v in bad_records.values())
-    return DemoData(root, config, len(good) + n_bad, n_bad, n_dups)
+    return DemoData(root, config, len(good) + n_bad, n_bad, n_dups, tokenize_rejects=3)
 
 
 # --- media ---------------------------------------------------------------------------
@@ -178,6 +182,8 @@ def _write_bad_media(root: Path) -> dict[str, str]:
         start = payload
     (bad / "frameless.avi").write_bytes(bytes(video))
     (bad / "tmp.avi").unlink()
+    _drawing(2000, 8, random.Random(2)).save(bad / "panorama.png")  # aspect ratio 250
+    _encode_video(bad / "one_frame.avi", "MJPG", 96, 64, 1, 8.0, 3)
     writer = cv2.VideoWriter(str(bad / "empty.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 8.0, (96, 64))
     writer.release()
     (bad / "garbage.mp4").write_bytes(b"\x00\x01garbage" * 64)
@@ -195,6 +201,8 @@ def _write_bad_media(root: Path) -> dict[str, str]:
         "empty_video": "bad/empty.avi",
         "garbage_video": "bad/garbage.mp4",
         "symlink": "bad/link_out.jpg",
+        "panorama": "bad/panorama.png",
+        "one_frame": "bad/one_frame.avi",
     }
 
 
@@ -242,6 +250,33 @@ def _conversation(rng: random.Random, images: list[str], videos: list[str]) -> d
     if n_videos:
         record["videos"] = [rng.choice(videos) for _ in range(n_videos)]
     return record
+
+
+def _tokenize_edge_records(rng: random.Random, bad: dict) -> list[dict]:
+    """Valid records that a default tokenize run quarantines: one per tokenize reason."""
+    long_answer = " ".join(rng.choice(WORDS) for _ in range(24000))
+    return [
+        {
+            "conversations": [
+                {"from": "human", "value": "Summarize everything."},
+                {"from": "gpt", "value": long_answer},
+            ]
+        },
+        {
+            "conversations": [
+                {"from": "human", "value": "<image> What is this strip?"},
+                {"from": "gpt", "value": "A very wide banner."},
+            ],
+            "images": [bad["panorama"]],
+        },
+        {
+            "conversations": [
+                {"from": "human", "value": "<video> What happens?"},
+                {"from": "gpt", "value": "Nothing much."},
+            ],
+            "videos": [bad["one_frame"]],
+        },
+    ]
 
 
 def _to_openai(record: dict) -> dict:

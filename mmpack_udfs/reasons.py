@@ -1,4 +1,4 @@
-"""Reason codes for quarantined records: the one list, with what each means."""
+"""Reason codes for quarantined records and samples: the one list, with what each means."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ class Reason(StrEnum):
     MEDIA_UNREADABLE = "media_unreadable"
     IMAGE_TOO_LARGE = "image_too_large"
     VIDEO_NO_FRAMES = "video_no_frames"
+    # tokenize stage
+    MEDIA_UNSUPPORTED = "media_unsupported"
+    TOO_LONG = "too_long"
+    NO_SUPERVISED_TOKENS = "no_supervised_tokens"
 
 
 DESCRIPTIONS: dict[Reason, str] = {
@@ -39,6 +43,9 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.MEDIA_UNREADABLE: "a media file cannot be opened or decoded (corrupt, wrong format)",
     Reason.IMAGE_TOO_LARGE: "an image has more pixels than normalize.max_image_pixels",
     Reason.VIDEO_NO_FRAMES: "a video opens but none of its first frames decode",
+    Reason.MEDIA_UNSUPPORTED: "the profile cannot take this media (aspect ratio, too few frames)",
+    Reason.TOO_LONG: "more tokens than tokenize.max_tokens under the configured over-length policy",
+    Reason.NO_SUPERVISED_TOKENS: "no token is left to train on after loss masking",
 }
 
 
@@ -49,3 +56,9 @@ class Rejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+TOKENIZE_REASONS = frozenset(
+    {Reason.MEDIA_UNSUPPORTED, Reason.TOO_LONG, Reason.NO_SUPERVISED_TOKENS}
+)
+NORMALIZE_REASONS = frozenset(Reason) - TOKENIZE_REASONS

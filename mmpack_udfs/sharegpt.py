@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from mmpack_udfs.reasons import Reason, Rejected
+from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 USER_SIDE = frozenset({"user", "tool"})
 MODEL_SIDE = frozenset({"assistant", "function_call"})
@@ -52,7 +53,10 @@ DIALECTS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
 }
-PLACEHOLDER_DEFAULTS = {"image_placeholder": "<image>", "video_placeholder": "<video>"}
+PLACEHOLDER_DEFAULTS = {
+    "image_placeholder": IMAGE_PLACEHOLDER,
+    "video_placeholder": VIDEO_PLACEHOLDER,
+}
 CANONICAL_ROLE = {"observation": "tool"}
 
 
@@ -159,7 +163,22 @@ def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
     )
     videos = _media_list(record, mapping.columns["videos"])
     media = _match_placeholders(turns, images, videos, mapping)
-    return Conversation(system=system, turns=turns, media=media)
+    return Conversation(system=system, turns=_canonical_placeholders(turns, mapping), media=media)
+
+
+def _canonical_placeholders(turns: list[tuple[str, str]], m: KeyMap) -> list[tuple[str, str]]:
+    """Rewrite a dataset's own placeholders as ``<image>`` / ``<video>``."""
+    if (m.image_placeholder, m.video_placeholder) == (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER):
+        return turns
+    return [
+        (
+            role,
+            text.replace(m.image_placeholder, IMAGE_PLACEHOLDER).replace(
+                m.video_placeholder, VIDEO_PLACEHOLDER
+            ),
+        )
+        for role, text in turns
+    ]
 
 
 def _turns(record: Mapping[str, Any], m: KeyMap) -> tuple[str | None, list[tuple[str, str]]]:

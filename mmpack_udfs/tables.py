@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -89,15 +89,15 @@ def committed_run(
     table = open_table(uri, s3)
     if table is None or table.transaction_version(app_id(run_id)) is None:
         return None
-    for commit in table.history():
-        if commit.get("mmpack_run_id") == run_id:
-            if mode == "overwrite" and int(commit["version"]) != table.version():
+    for entry in table.history():
+        if entry.get("mmpack_run_id") == run_id:
+            if mode == "overwrite" and int(entry["version"]) != table.version():
                 return None
             return CommitResult(
                 uri,
-                int(commit["version"]),
-                int(commit["mmpack_rows"]),
-                int(commit["mmpack_files"]),
+                int(entry["version"]),
+                int(entry["mmpack_rows"]),
+                int(entry["mmpack_files"]),
                 skipped=True,
             )
     raise TableError(f"{uri}: run {run_id} is in the transaction log but its commit is gone")
@@ -187,7 +187,7 @@ def write_table(
     n_files = max(1, math.ceil(rows / rows_per_file)) if rows else 0
     written: list[dict] = []
     if n_files:
-        tag = hashlib.sha256(run_id.encode()).hexdigest()[:16]
+        tag = run_tag(run_id)
         ordered = (
             df.select(*schema.names).repartition(n_files, *sort_by).sortWithinPartitions(*sort_by)
         )
@@ -201,8 +201,47 @@ def write_table(
     total = sum(w["rows"] for w in written)
     if total != rows:
         raise TableError(f"{uri}: wrote {total} rows but the DataFrame has {rows}")
-    version = _commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, s3=s3)
+    version = commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, s3=s3)
     return CommitResult(uri, version, rows, len(written), skipped=False)
+
+
+def write_part(
+    uri: str,
+    name: str,
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    s3: fs.S3Options | None = None,
+) -> dict | None:
+    """Stream ``batches`` into the Parquet file ``uri/name``; its add-action facts, or None
+    when there were no rows (no file is left behind)."""
+    filesystem, root = fs.filesystem(uri, s3)
+    if not fs.is_s3(uri):
+        filesystem.create_dir(root, recursive=True)
+    path = f"{root}/{name}"
+    rows, sink, writer = 0, None, None
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                sink = filesystem.open_output_stream(path)
+                writer = pq.ParquetWriter(sink, schema, compression="zstd")
+            writer.write_batch(batch.cast(schema))
+            rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+            sink.close()
+    if writer is None:
+        return None
+    info = filesystem.get_file_info(path)
+    mtime = info.mtime_ns // 1_000_000 if info.mtime_ns else 0
+    return {"path": name, "size": info.size, "rows": rows, "modification_time": mtime}
+
+
+def run_tag(run_id: str) -> str:
+    """The part of data file names that ties them to a run."""
+    return hashlib.sha256(run_id.encode()).hexdigest()[:16]
 
 
 def _partition_writer(uri: str, schema: pa.Schema, tag: str, s3: fs.S3Options | None):
@@ -212,38 +251,14 @@ def _partition_writer(uri: str, schema: pa.Schema, tag: str, s3: fs.S3Options | 
         from pyspark import TaskContext
 
         name = f"part-{TaskContext.get().partitionId():05d}-{tag}.parquet"
-        filesystem, root = fs.filesystem(uri, s3)
-        if not fs.is_s3(uri):
-            filesystem.create_dir(root, recursive=True)
-        path = f"{root}/{name}"
-        rows = 0
-        writer = None
-        try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                if writer is None:
-                    sink = filesystem.open_output_stream(path)
-                    writer = pq.ParquetWriter(sink, schema, compression="zstd")
-                writer.write_batch(batch.cast(schema))
-                rows += batch.num_rows
-        finally:
-            if writer is not None:
-                writer.close()
-                sink.close()
-        if writer is None:
-            return
-        info = filesystem.get_file_info(path)
-        mtime = info.mtime_ns // 1_000_000 if info.mtime_ns else 0
-        yield pa.RecordBatch.from_pylist(
-            [{"path": name, "size": info.size, "rows": rows, "modification_time": mtime}],
-            schema=WRITTEN_FILE,
-        )
+        written = write_part(uri, name, batches, schema, s3)
+        if written is not None:
+            yield pa.RecordBatch.from_pylist([written], schema=WRITTEN_FILE)
 
     return write
 
 
-def _commit(
+def commit(
     uri: str,
     schema: pa.Schema,
     written: list[dict],

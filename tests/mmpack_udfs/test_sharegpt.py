@@ -68,7 +68,7 @@ def test_custom_columns_and_tags_with_single_image_string():
         "picture": "p.jpg",
     }
     conv = parse_record(record, spec)
-    assert conv.turns == [("user", "[IMG] hi"), ("assistant", "hello")]
+    assert conv.turns == [("user", "<image> hi"), ("assistant", "hello")]  # canonical placeholder
     assert conv.media == [("image", "p.jpg")]
 
 

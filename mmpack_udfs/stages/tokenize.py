@@ -1,0 +1,314 @@
+"""The tokenize stage: Delta ``samples`` → Delta ``tokenized`` + ``tokenize_quarantine``.
+
+    samples files ──plan (driver): units of row groups──▶ one Spark task per unit:
+        read rows → render + encode (Rust, batched) → assemble ids/labels (numpy)
+        → write its own tokenized and quarantine part files
+    driver: commit both tables, reconcile (rows in = tokenized samples + quarantined),
+        token statistics per modality → report/tokenize.json
+
+No shuffle: each task writes the files for its unit, named by the unit, so a retried
+task rewrites identical files and the output follows the samples table's order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs.config import config_hash
+from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_tokenizer
+
+REPORT_NAME = "tokenize.json"
+BATCH_ROWS = 256
+UNIT = pa.schema(
+    [
+        ("index", pa.int32()),
+        ("uri", pa.string()),
+        ("row_groups", pa.list_(pa.int32())),
+        ("rows", pa.int64()),
+    ]
+)
+UNIT_RESULT = pa.schema(
+    [
+        ("table", pa.string()),
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("rows", pa.int64()),
+        ("modification_time", pa.int64()),
+        ("rows_in", pa.int64()),
+        ("parents", pa.int64()),
+    ]
+)
+
+
+class ReconciliationError(RuntimeError):
+    """Samples read did not equal samples tokenized + samples quarantined."""
+
+
+def plan_units(files: list[str], rows_per_unit: int, s3: fs.S3Options | None) -> list[dict]:
+    """Consecutive row groups of each samples file, about ``rows_per_unit`` rows per unit."""
+    units: list[dict] = []
+    for uri in files:
+        filesystem, path = fs.filesystem(uri, s3)
+        with filesystem.open_input_file(path) as f:
+            meta = pq.ParquetFile(f).metadata
+        groups: list[int] = []
+        rows = 0
+        for g in range(meta.num_row_groups):
+            groups.append(g)
+            rows += meta.row_group(g).num_rows
+            if rows >= rows_per_unit:
+                units.append({"uri": uri, "row_groups": groups, "rows": rows})
+                groups, rows = [], 0
+        if groups:
+            units.append({"uri": uri, "row_groups": groups, "rows": rows})
+    return [{"index": i, **u} for i, u in enumerate(units)]
+
+
+def derive_run_id(
+    config: Mapping[str, Any], samples_uri: str, samples_version: int, tokenizer_path: str
+) -> str:
+    tokenizer_file = Path(tokenizer_path) / "tokenizer.json"
+    tokenizer_hash = (
+        hashlib.sha256(tokenizer_file.read_bytes()).hexdigest() if tokenizer_file.exists() else ""
+    )
+    relevant = {
+        "samples": [samples_uri, samples_version],
+        "tokenize": config["tokenize"],
+        "profile": config["profiles"][config["tokenize"]["profile"]],
+        "tokenizer": tokenizer_hash,
+        "mode": config["mode"],
+    }
+    blob = json.dumps(relevant, sort_keys=True, default=str).encode()
+    return "tokenize-" + hashlib.sha256(blob).hexdigest()[:20]
+
+
+def tokenize_units(
+    batches: Iterator[pa.RecordBatch],
+    settings: TokenizeSettings,
+    tokenized_uri: str,
+    quarantine_uri: str,
+    tag: str,
+    s3: fs.S3Options | None,
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: for each unit, tokenize its rows and write its two part files."""
+    tokenizer = worker_tokenizer(settings)
+    for batch in batches:
+        for unit in batch.to_pylist():
+            name = f"part-{unit['index']:05d}-{tag}.parquet"
+            counts = {"rows_in": 0, "parents": set()}
+            quarantined: list[dict] = []
+
+            def tokenized_batches(unit=unit, counts=counts, quarantined=quarantined):
+                filesystem, path = fs.filesystem(unit["uri"], s3)
+                with filesystem.open_input_file(path) as f:
+                    reader = pq.ParquetFile(f)
+                    for rows in reader.iter_batches(BATCH_ROWS, row_groups=unit["row_groups"]):
+                        samples = rows.to_pylist()
+                        counts["rows_in"] += len(samples)
+                        done, rejected = tokenizer.tokenize(samples)
+                        quarantined.extend(rejected)
+                        counts["parents"].update(r.parent_id for r in done)
+                        if done:
+                            yield to_record_batch(done)
+
+            written = tables.write_part(
+                tokenized_uri, name, tokenized_batches(), schemas.TOKENIZED, s3
+            )
+            rejected = pa.RecordBatch.from_pylist(quarantined, schema=schemas.TOKENIZE_QUARANTINE)
+            written_q = tables.write_part(
+                quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, s3
+            )
+            if counts["rows_in"] != unit["rows"]:
+                raise RuntimeError(
+                    f"{unit['uri']}: read {counts['rows_in']} rows, expected {unit['rows']}"
+                )
+            results = [
+                {
+                    "table": "tokenized",
+                    **(written or _nothing(name)),
+                    "rows_in": unit["rows"],
+                    "parents": len(counts["parents"]),
+                },
+                {
+                    "table": "tokenize_quarantine",
+                    **(written_q or _nothing(name)),
+                    "rows_in": 0,
+                    "parents": 0,
+                },
+            ]
+            yield pa.RecordBatch.from_pylist(results, schema=UNIT_RESULT)
+
+
+def _nothing(name: str) -> dict:
+    return {"path": name, "size": 0, "rows": 0, "modification_time": 0}
+
+
+def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Run the stage; return (and write, and print) the summary. Raises on reconciliation."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    started = time.time()
+    s3 = fs.S3Options.from_config(config.get("s3"))
+    output = fs.normalize_uri(config["output"])
+    samples_uri = schemas.table_uri(output, "samples")
+    out_uris = {
+        name: schemas.table_uri(output, name) for name in ("tokenized", "tokenize_quarantine")
+    }
+    settings = TokenizeSettings.from_config(config)
+    samples_version, files = tables.data_files(samples_uri, s3)
+    run_id = config["run_id"] or derive_run_id(
+        config, samples_uri, samples_version, settings.tokenizer_path
+    )
+    mode = config["mode"]
+
+    previous = _previous_summary(output, run_id, mode, list(out_uris.values()), s3)
+    if previous is not None:
+        print(f"tokenize: run {run_id} is already committed; nothing to do")
+        print(format_summary(previous))
+        return previous
+
+    units = plan_units(files, config["tokenize"]["rows_per_file"], s3)
+    results: list[dict] = []
+    if units:
+        unit_df = spark.createDataFrame(pa.Table.from_pylist(units, schema=UNIT)).repartition(
+            len(units)
+        )
+        task = partial(
+            tokenize_units,
+            settings=settings,
+            tokenized_uri=out_uris["tokenized"],
+            quarantine_uri=out_uris["tokenize_quarantine"],
+            tag=tables.run_tag(run_id),
+            s3=s3,
+        )
+        results = [
+            r.asDict() for r in unit_df.mapInArrow(task, from_arrow_schema(UNIT_RESULT)).collect()
+        ]
+    commits = {}
+    for name, uri in out_uris.items():
+        written = [r for r in results if r["table"] == name and r["rows"] > 0]
+        rows = sum(r["rows"] for r in written)
+        schema = schemas.TABLES[name]
+        version = tables.commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, s3=s3)
+        commits[name] = tables.CommitResult(uri, version, rows, len(written), skipped=False)
+    counts = {
+        "samples_in": sum(u["rows"] for u in units),
+        "tokenized_samples": sum(r["parents"] for r in results),
+        "tokenized_rows": commits["tokenized"].rows,
+        "quarantined": commits["tokenize_quarantine"].rows,
+    }
+    summary = {
+        "stage": "tokenize",
+        "run_id": run_id,
+        "output": output,
+        "samples_version": samples_version,
+        "profile": settings.profile_name,
+        "tokenizer": settings.tokenizer_path,
+        "max_tokens": settings.max_tokens,
+        "over_length": settings.over_length,
+        "loss": settings.loss,
+        "units": len(units),
+        "counts": counts,
+        "tokens": token_statistics(out_uris["tokenized"], s3),
+        "reasons": _reasons(out_uris["tokenize_quarantine"], s3),
+        "tables": {name: asdict(c) for name, c in commits.items()},
+        "seconds": round(time.time() - started, 2),
+    }
+    reconcile(summary)
+    fs.write_bytes(
+        schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3
+    )
+    print(format_summary(summary))
+    return summary
+
+
+def _previous_summary(output, run_id, mode, uris, s3) -> dict | None:
+    if any(tables.committed_run(uri, run_id, mode, s3) is None for uri in uris):
+        return None
+    report = schemas.report_uri(output, REPORT_NAME)
+    if not fs.exists(report, s3):
+        return None
+    summary = json.loads(fs.read_bytes(report, s3))
+    return {**summary, "skipped": True} if summary.get("run_id") == run_id else None
+
+
+def token_statistics(tokenized_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
+    """Token totals per modality and the length distribution, from the table's count columns."""
+    columns = ["num_tokens", "text_tokens", "image_tokens", "video_tokens", "supervised_tokens"]
+    _, files = tables.data_files(tokenized_uri, s3)
+    parts = []
+    for uri in files:
+        filesystem, path = fs.filesystem(uri, s3)
+        parts.append(pq.read_table(path, columns=columns, filesystem=filesystem))
+    if not parts:
+        return {"total": 0}
+    table = pa.concat_tables(parts)
+    lengths = table.column("num_tokens").to_numpy()
+    totals = {
+        c.removesuffix("_tokens"): int(table.column(c).to_numpy().sum(dtype=np.int64))
+        for c in columns
+    }
+    return {
+        "total": totals.pop("num"),
+        **totals,
+        "samples": len(lengths),
+        "mean": round(float(lengths.mean()), 1),
+        "p50": int(np.percentile(lengths, 50)),
+        "p99": int(np.percentile(lengths, 99)),
+        "max": int(lengths.max()),
+    }
+
+
+def _reasons(quarantine_uri: str, s3: fs.S3Options | None) -> dict[str, int]:
+    reasons = tables.read_arrow(quarantine_uri, s3).column("reason").to_pylist()
+    return {r: reasons.count(r) for r in sorted(set(reasons))}
+
+
+def reconcile(summary: Mapping[str, Any]) -> None:
+    c = summary["counts"]
+    if c["samples_in"] != c["tokenized_samples"] + c["quarantined"]:
+        raise ReconciliationError(
+            f"tokenize reconciliation failed: samples in {c['samples_in']} != tokenized "
+            f"{c['tokenized_samples']} + quarantined {c['quarantined']}"
+        )
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    c, t = summary["counts"], summary["tokens"]
+    lines = [
+        f"tokenize  run {summary['run_id']}  ({summary.get('seconds', '?')} s, profile "
+        f"{summary['profile']}, max_tokens {summary['max_tokens']}, over_length {summary['over_length']})",
+        f"  samples in {c['samples_in']}: tokenized {c['tokenized_samples']} "
+        f"(as {c['tokenized_rows']} rows), quarantined {c['quarantined']}",
+    ]
+    if t.get("total"):
+        share = {k: 100 * t[k] / t["total"] for k in ("text", "image", "video")}
+        lines += [
+            f"  tokens {t['total']:,}: text {t['text']:,} ({share['text']:.1f} %), image {t['image']:,} "
+            f"({share['image']:.1f} %), video {t['video']:,} ({share['video']:.1f} %)",
+            f"  supervised {t['supervised']:,} ({100 * t['supervised'] / t['total']:.1f} %)",
+            f"  tokens per sample: mean {t['mean']}, p50 {t['p50']}, p99 {t['p99']}, max {t['max']}",
+        ]
+    if summary["reasons"]:
+        lines.append(
+            "  quarantine reasons: " + ", ".join(f"{r} {n}" for r, n in summary["reasons"].items())
+        )
+    for name, table in summary["tables"].items():
+        lines.append(f"  {name}: {table['table']}  v{table['version']}  {table['rows']} rows")
+    lines.append(
+        f"  reconciled: samples in {c['samples_in']} = tokenized {c['tokenized_samples']} "
+        f"+ quarantined {c['quarantined']}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,424 @@
+"""Samples → token ids, labels and media spans. Runs on executors, a batch at a time.
+
+A conversation is rendered into *pieces*: literal special tokens, runs of media pad
+tokens, and texts. The texts are exactly the strings a Hugging Face tokenizer would see
+between special tokens in the chat-template output, so encoding them separately (all
+texts of a batch in one Rust ``encode_batch_fast`` call) gives the same ids as
+tokenizing the rendered conversation whole. Ids and labels are then assembled with
+numpy, one concatenation per batch.
+
+Supervised tokens (labels != -100): the content of the supervised turns and their
+``<|im_end|>``; never role headers, media tokens, the system prompt or template newlines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from mmpack_udfs import tokenizer as tokenizers
+from mmpack_udfs.profiles import MediaPlan, Profile, make_profile
+from mmpack_udfs.reasons import Reason, Rejected
+from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
+
+IGNORE = -100
+MODEL_SIDE = {"assistant", "function_call"}
+TEMPLATE_ROLE = {"function_call": "assistant"}
+PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    tokenizer_path: str
+    profile_name: str
+    profile: Mapping[str, Any]
+    max_tokens: int
+    over_length: str = "drop"
+    loss: str = "assistant"
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> TokenizeSettings:
+        section = config["tokenize"]
+        return cls(
+            tokenizer_path=tokenizers.resolve_path(section["tokenizer"]),
+            profile_name=section["profile"],
+            profile=dict(config["profiles"][section["profile"]]),
+            max_tokens=section["max_tokens"],
+            over_length=section["over_length"],
+            loss=section["loss"],
+        )
+
+
+class Piece(NamedTuple):
+    text: str | None  # a text to encode, or None for literal ids
+    ids: tuple[int, ...] = ()  # literal ids, repeated `repeat` times
+    repeat: int = 1
+    supervised: bool = False
+    media: int = -1  # index of the media item, on its pad run
+    span: int = -1  # index of the media item, on every piece of its span (wrappers and pads)
+    turn: int = -1  # index of the turn the piece belongs to (-1: system prompt)
+    header_chars: int = 0  # leading characters of `text` that are a role header
+
+
+@dataclass
+class Tokenized:
+    """One tokenized sample (or one piece of a split sample)."""
+
+    sample_id: str
+    parent_id: str
+    dataset: str
+    input_ids: np.ndarray
+    labels: np.ndarray
+    media: list[dict] = field(default_factory=list)
+    image_tokens: int = 0
+    video_tokens: int = 0
+
+
+class SampleTokenizer:
+    """Built once per Python worker: holds the tokenizer, the profile and its token ids."""
+
+    def __init__(self, settings: TokenizeSettings) -> None:
+        self.settings = settings
+        self.hf = tokenizers.load(settings.tokenizer_path)
+        self.backend = self.hf.backend_tokenizer
+        self.profile: Profile = make_profile(settings.profile_name, settings.profile)
+        self.special = {tok: self._token_id(tok) for tok in self.profile.special_tokens()}
+
+    def _token_id(self, token: str) -> int:
+        token_id = self.hf.convert_tokens_to_ids(token)
+        if token_id is None or token_id == self.hf.unk_token_id:
+            raise ValueError(
+                f"tokenizer {self.settings.tokenizer_path} has no token {token!r}, "
+                f"which profile '{self.profile.name}' needs"
+            )
+        return token_id
+
+    # --- rendering ---------------------------------------------------------------------
+
+    def render(
+        self, system: str | None, turns: Sequence[Mapping[str, str]], plans: Sequence[MediaPlan]
+    ) -> list[Piece]:
+        """The pieces of one conversation; media plans are consumed in placeholder order."""
+        im_start, im_end = self.special["<|im_start|>"], self.special["<|im_end|>"]
+        pieces: list[Piece] = []
+        system = system if system is not None else self.profile.default_system
+        if system is not None:
+            pieces += [Piece(None, (im_start,)), Piece(f"system\n{system}"), Piece(None, (im_end,))]
+            pieces.append(Piece("\n"))
+        supervised = self._supervised_turns(turns)
+        next_media = 0
+        for t, turn in enumerate(turns):
+            sup = t in supervised
+            header = TEMPLATE_ROLE.get(turn["role"], turn["role"]) + "\n"
+            pieces.append(Piece(None, (im_start,), turn=t))
+            parts = PLACEHOLDER.split(turn["text"])
+            for k, part in enumerate(parts):
+                if k % 2 == 1:  # a placeholder
+                    pieces += self._media_pieces(plans[next_media], next_media, t)
+                    next_media += 1
+                    continue
+                text = header + part if k == 0 else part
+                if not text:
+                    continue
+                if k == 0 and sup and part[:1].isspace():
+                    pieces.append(Piece(text, supervised=True, turn=t, header_chars=len(header)))
+                elif k == 0 and sup:
+                    pieces.append(Piece(header, turn=t))
+                    if part:
+                        pieces.append(Piece(part, supervised=True, turn=t))
+                else:
+                    pieces.append(Piece(text, supervised=sup and k > 0, turn=t))
+            pieces.append(Piece(None, (im_end,), supervised=sup, turn=t))
+            pieces.append(Piece("\n", turn=t))
+        if next_media != len(plans):
+            raise Rejected(
+                Reason.PLACEHOLDER_MEDIA_MISMATCH, f"{next_media} placeholders, {len(plans)} media"
+            )
+        return pieces
+
+    def _supervised_turns(self, turns: Sequence[Mapping[str, str]]) -> set[int]:
+        model = [i for i, t in enumerate(turns) if t["role"] in MODEL_SIDE]
+        if self.settings.loss == "all":
+            return set(range(len(turns)))
+        if self.settings.loss == "last":
+            return set(model[-1:])
+        return set(model)
+
+    def _media_pieces(self, plan: MediaPlan, index: int, turn: int) -> list[Piece]:
+        tokens = self.profile.media_tokens[plan.kind]
+        before = tuple(self.special[t] for t in tokens.before)
+        after = tuple(self.special[t] for t in tokens.after)
+        pad = (self.special[tokens.pad],)
+        return [
+            Piece(None, before, turn=turn, span=index),
+            Piece(None, pad, repeat=plan.num_tokens, media=index, turn=turn, span=index),
+            Piece(None, after, turn=turn, span=index),
+        ]
+
+    # --- encoding ----------------------------------------------------------------------
+
+    def encode(
+        self, conversations: Sequence[list[Piece]]
+    ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+        """For every piece of every conversation: (ids, supervised mask). One Rust call for
+        all plain texts; role-header texts (rare) go through a second call with offsets."""
+        plain = [
+            p.text
+            for conv in conversations
+            for p in conv
+            if p.text is not None and not p.header_chars
+        ]
+        headed = [p for conv in conversations for p in conv if p.header_chars]
+        plain_ids = iter(self.backend.encode_batch_fast(plain, add_special_tokens=False))
+        headed_enc = iter(
+            self.backend.encode_batch([p.text for p in headed], add_special_tokens=False)
+            if headed
+            else []
+        )
+        out = []
+        for conv in conversations:
+            encoded = []
+            for p in conv:
+                if p.text is None:
+                    ids = np.tile(np.asarray(p.ids, np.int32), p.repeat)
+                    mask = np.full(len(ids), p.supervised)
+                elif p.header_chars:
+                    enc = next(headed_enc)
+                    ids = np.asarray(enc.ids, np.int32)
+                    mask = np.array([start >= p.header_chars for start, _ in enc.offsets], bool)
+                else:
+                    ids = np.asarray(next(plain_ids).ids, np.int32)
+                    mask = np.full(len(ids), p.supervised)
+                encoded.append((ids, mask))
+            out.append(encoded)
+        return out
+
+    # --- samples -----------------------------------------------------------------------
+
+    def tokenize(self, samples: Sequence[Mapping[str, Any]]) -> tuple[list[Tokenized], list[dict]]:
+        """Tokenize a batch of samples-table rows; return (tokenized, quarantined) rows."""
+        done: list[Tokenized] = []
+        quarantined: list[dict] = []
+        rendered, kept, all_plans = [], [], []
+        for sample in samples:
+            try:
+                plans = [self.profile.plan(m) for m in sample["media"]]
+                rendered.append(self.render(sample["system"], sample["turns"], plans))
+                kept.append(sample)
+                all_plans.append(plans)
+            except Rejected as rejected:
+                quarantined.append(_quarantine(sample, rejected, None))
+        for sample, plans, pieces, encoded in zip(
+            kept, all_plans, rendered, self.encode(rendered), strict=True
+        ):
+            try:
+                done += self._fit(sample, plans, pieces, encoded)
+            except Rejected as rejected:
+                length = sum(len(ids) for ids, _ in encoded)
+                quarantined.append(_quarantine(sample, rejected, length))
+        return done, quarantined
+
+    def _fit(self, sample, plans, pieces, encoded) -> list[Tokenized]:
+        """Apply the over-length policy and the supervised-token check."""
+        length = sum(len(ids) for ids, _ in encoded)
+        limit = self.settings.max_tokens
+        if length <= limit:
+            results = [
+                self._assemble(
+                    sample["sample_id"], sample["sample_id"], sample, plans, pieces, encoded
+                )
+            ]
+        elif self.settings.over_length == "truncate":
+            results = [self._truncate(sample, plans, pieces, encoded, limit)]
+        elif self.settings.over_length == "split":
+            results = self._split(sample, plans, pieces, encoded, limit)
+        else:
+            raise Rejected(Reason.TOO_LONG, f"{length} tokens > max_tokens {limit}")
+        for result in results:
+            if not (result.labels != IGNORE).any():
+                raise Rejected(Reason.NO_SUPERVISED_TOKENS, f"piece {result.sample_id} has none")
+        return results
+
+    def _assemble(self, sample_id, parent_id, sample, plans, pieces, encoded) -> Tokenized:
+        ids = np.concatenate([e[0] for e in encoded]) if encoded else np.zeros(0, np.int32)
+        mask = np.concatenate([e[1] for e in encoded]) if encoded else np.zeros(0, bool)
+        labels = np.where(mask, ids, IGNORE).astype(np.int32)
+        result = Tokenized(sample_id, parent_id, sample["dataset"], ids, labels)
+        offset = 0
+        for piece, (piece_ids, _) in zip(pieces, encoded, strict=True):
+            if piece.media >= 0:
+                plan, source = plans[piece.media], sample["media"][piece.media]
+                result.media.append(_media_row(source, plan, offset))
+                if plan.kind == "image":
+                    result.image_tokens += plan.num_tokens
+                else:
+                    result.video_tokens += plan.num_tokens
+            offset += len(piece_ids)
+        return result
+
+    def _truncate(self, sample, plans, pieces, encoded, limit) -> Tokenized:
+        """Cut text tokens at the limit; a media span that would be cut is left out whole."""
+        kept: list[int] = []
+        cut: tuple[np.ndarray, np.ndarray] | None = None
+        total = 0
+        for i, (ids, _) in enumerate(encoded):
+            if total + len(ids) <= limit:
+                kept.append(i)
+                total += len(ids)
+                continue
+            piece = pieces[i]
+            if piece.span >= 0:  # drop the part of this span already kept
+                kept = [k for k in kept if pieces[k].span != piece.span]
+            elif piece.text is not None:
+                ids, mask = encoded[i]
+                cut = (ids[: limit - total], mask[: limit - total])
+                kept.append(i)
+            break
+        kept_encoded = [encoded[k] for k in kept]
+        if cut is not None:
+            kept_encoded[-1] = cut
+        return self._assemble(
+            sample["sample_id"],
+            sample["sample_id"],
+            sample,
+            plans,
+            [pieces[k] for k in kept],
+            kept_encoded,
+        )
+
+    def _split(self, sample, plans, pieces, encoded, limit) -> list[Tokenized]:
+        """Split at round boundaries (a user turn starts a round) into pieces that fit."""
+        turn_tokens: dict[int, int] = {}
+        for piece, (ids, _) in zip(pieces, encoded, strict=True):
+            turn_tokens[piece.turn] = turn_tokens.get(piece.turn, 0) + len(ids)
+        system_tokens = turn_tokens.pop(-1, 0)
+        turns = sample["turns"]
+        rounds, current = [], []
+        for t, turn in enumerate(turns):
+            if current and turn["role"] not in MODEL_SIDE and turns[t - 1]["role"] in MODEL_SIDE:
+                rounds.append(current)
+                current = []
+            current.append(t)
+        rounds.append(current)
+        chunks, chunk, size = [], [], system_tokens
+        for r in rounds:
+            cost = sum(turn_tokens[t] for t in r)
+            if system_tokens + cost > limit:
+                raise Rejected(
+                    Reason.TOO_LONG, f"one round has {system_tokens + cost} tokens > {limit}"
+                )
+            if chunk and size + cost > limit:
+                chunks.append(chunk)
+                chunk, size = [], system_tokens
+            chunk += r
+            size += cost
+        chunks.append(chunk)
+        media_before = _media_counts_per_turn(turns)
+        results = []
+        for k, chunk in enumerate(chunks):
+            first, end = media_before[chunk[0]], media_before[chunk[-1] + 1]
+            sub = {
+                **sample,
+                "turns": [turns[t] for t in chunk],
+                "media": sample["media"][first:end],
+            }
+            sub_plans = plans[first:end]
+            sub_pieces = self.render(sample["system"], sub["turns"], sub_plans)
+            sub_encoded = self.encode([sub_pieces])[0]
+            results.append(
+                self._assemble(
+                    f"{sample['sample_id']}-{k}",
+                    sample["sample_id"],
+                    sub,
+                    sub_plans,
+                    sub_pieces,
+                    sub_encoded,
+                )
+            )
+        return results
+
+
+def _media_counts_per_turn(turns: Sequence[Mapping[str, str]]) -> list[int]:
+    """counts[t] = media placeholders in turns before t (len(turns) + 1 entries)."""
+    counts = [0]
+    for turn in turns:
+        counts.append(counts[-1] + len(PLACEHOLDER.findall(turn["text"])))
+    return counts
+
+
+def _media_row(source: Mapping[str, Any], plan: MediaPlan, offset: int) -> dict:
+    return {
+        "kind": plan.kind,
+        "uri": source["uri"],
+        "width": source["width"],
+        "height": source["height"],
+        "grid_t": plan.grid[0],
+        "grid_h": plan.grid[1],
+        "grid_w": plan.grid[2],
+        "resized_height": plan.resized[0],
+        "resized_width": plan.resized[1],
+        "token_offset": offset,
+        "num_tokens": plan.num_tokens,
+        "frame_indices": list(plan.frame_indices) if plan.kind == "video" else None,
+    }
+
+
+def _quarantine(sample: Mapping[str, Any], rejected: Rejected, num_tokens: int | None) -> dict:
+    return {
+        "sample_id": sample["sample_id"],
+        "dataset": sample["dataset"],
+        "source_file": sample["source_file"],
+        "source_position": sample["source_position"],
+        "reason": str(rejected.reason),
+        "detail": rejected.detail,
+        "num_tokens": num_tokens,
+    }
+
+
+# --- Arrow output ----------------------------------------------------------------------
+
+
+def to_record_batch(rows: Sequence[Tokenized]) -> pa.RecordBatch:
+    """Tokenized rows as one TOKENIZED batch; ids and labels go in as flat int32 buffers."""
+    lengths = np.fromiter((len(r.input_ids) for r in rows), np.int32, len(rows))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32))
+
+    def flat(arrays: list[np.ndarray]) -> pa.Array:
+        values = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+        return pa.ListArray.from_arrays(offsets, pa.array(values, pa.int32()))
+
+    image = np.fromiter((r.image_tokens for r in rows), np.int32, len(rows))
+    video = np.fromiter((r.video_tokens for r in rows), np.int32, len(rows))
+    supervised = np.fromiter(((r.labels != IGNORE).sum() for r in rows), np.int32, len(rows))
+    columns = {
+        "sample_id": pa.array([r.sample_id for r in rows], pa.string()),
+        "parent_id": pa.array([r.parent_id for r in rows], pa.string()),
+        "dataset": pa.array([r.dataset for r in rows], pa.string()),
+        "input_ids": flat([r.input_ids for r in rows]),
+        "labels": flat([r.labels for r in rows]),
+        "num_tokens": pa.array(lengths),
+        "text_tokens": pa.array(lengths - image - video),
+        "image_tokens": pa.array(image),
+        "video_tokens": pa.array(video),
+        "supervised_tokens": pa.array(supervised),
+        "media": pa.array([r.media for r in rows], TOKENIZED.field("media").type),
+    }
+    return pa.RecordBatch.from_pydict(columns, schema=TOKENIZED)
+
+
+_WORKER_TOKENIZERS: dict[str, SampleTokenizer] = {}
+
+
+def worker_tokenizer(settings: TokenizeSettings) -> SampleTokenizer:
+    """The SampleTokenizer of this Python worker for ``settings`` (built on first use)."""
+    key = json.dumps(dataclasses.asdict(settings), sort_keys=True)
+    if key not in _WORKER_TOKENIZERS:
+        _WORKER_TOKENIZERS[key] = SampleTokenizer(settings)
+    return _WORKER_TOKENIZERS[key]

