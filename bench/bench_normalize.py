@@ -29,9 +29,7 @@ OUT = Path(__file__).resolve().parent / "out"
 def run_size(spark, samples: int, master: str) -> dict:
     data_dir = OUT / f"normalize-data-{samples}"
     started = time.time()
-    demo = demo_data.generate(
-        data_dir, samples=samples, seed=0, media_pool=min(samples // 10, 10000)
-    )
+    demo = demo_data.generate(data_dir, samples=samples, seed=0, media_pool=min(samples // 10, 10000))
     generated = time.time() - started
     out = OUT / f"normalize-out-{samples}"
     shutil.rmtree(out, ignore_errors=True)

@@ -14,9 +14,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     """The options every Spark stage takes (the same for the CLI and spark-submit jobs)."""
-    parser.add_argument(
-        "--config", metavar="FILE", help="YAML config merged over conf/defaults.yaml"
-    )
+    parser.add_argument("--config", metavar="FILE", help="YAML config merged over conf/defaults.yaml")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -93,25 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_options(p)
     p.set_defaults(func=run_normalize)
 
-    p = commands.add_parser(
-        "tokenize", help="Delta samples → Delta tokenized (ids, labels, media spans)"
-    )
+    p = commands.add_parser("tokenize", help="Delta samples → Delta tokenized (ids, labels, media spans)")
     add_config_options(p)
     p.set_defaults(func=run_tokenize)
 
     p = commands.add_parser("demo-data", help="generate a realistic demo dataset with real media")
     p.add_argument("dir", help="directory to write the dataset into")
-    p.add_argument(
-        "--samples", type=int, default=2000, help="good records to generate (default 2000)"
-    )
+    p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.set_defaults(func=run_demo_data)
 
     p = commands.add_parser("demo", help="generate demo data and run the pipeline on it")
     add_config_options(p)
-    p.add_argument(
-        "--samples", type=int, default=2000, help="good records to generate (default 2000)"
-    )
+    p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.set_defaults(func=run_demo, out="demo-out")
     return parser

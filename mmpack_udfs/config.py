@@ -58,9 +58,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def merge(
-    base: Mapping[str, Any], update: Mapping[str, Any], where: str = "", prefix: str = ""
-) -> dict:
+def merge(base: Mapping[str, Any], update: Mapping[str, Any], where: str = "", prefix: str = "") -> dict:
     """Deep-merge ``update`` into a copy of ``base``; unknown keys raise ConfigError."""
     result = copy.deepcopy(dict(base))
     for key, value in update.items():
@@ -126,14 +124,10 @@ def _validate_tokenize(config: Mapping[str, Any]) -> None:
     choices = {"over_length": ("drop", "truncate", "split"), "loss": ("assistant", "all", "last")}
     for key, allowed in choices.items():
         if section[key] not in allowed:
-            raise ConfigError(
-                f"tokenize.{key} must be one of {', '.join(allowed)}, got {section[key]!r}"
-            )
+            raise ConfigError(f"tokenize.{key} must be one of {', '.join(allowed)}, got {section[key]!r}")
     if section["profile"] not in config["profiles"]:
         known = ", ".join(sorted(config["profiles"]))
-        raise ConfigError(
-            f"tokenize.profile '{section['profile']}' is not a profile (known: {known})"
-        )
+        raise ConfigError(f"tokenize.profile '{section['profile']}' is not a profile (known: {known})")
 
 
 def _validate_dataset(dataset: Any, i: int) -> None:
@@ -142,9 +136,7 @@ def _validate_dataset(dataset: Any, i: int) -> None:
         raise ConfigError(f"{where}: each dataset must be a mapping")
     unknown = set(dataset) - DATASET_KEYS - {"_base_dir"}
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {sorted(unknown)} (valid: {sorted(DATASET_KEYS)})"
-        )
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} (valid: {sorted(DATASET_KEYS)})")
     for key in ("name", "paths", "media_root"):
         if not dataset.get(key):
             raise ConfigError(f"{where}: '{key}' is required")

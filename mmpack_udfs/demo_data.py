@@ -71,9 +71,7 @@ class DemoData:
     records: int
     bad_records: int
     duplicates: int
-    tokenize_rejects: (
-        int  # valid samples a default tokenize quarantines (too long, panorama, 1 frame)
-    )
+    tokenize_rejects: int  # valid samples a default tokenize quarantines (too long, panorama, 1 frame)
 
 
 def generate(
@@ -99,12 +97,8 @@ def generate(
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
     _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng)
-    _write_json(
-        data / "openai.json", [_to_openai(r) for r in thirds[1]] + bad_records["openai"], rng
-    )
-    _write_parquet(
-        data / "custom.parquet", [_to_custom(r) for r in thirds[2]] + bad_records["custom"]
-    )
+    _write_json(data / "openai.json", [_to_openai(r) for r in thirds[1]] + bad_records["openai"], rng)
+    _write_parquet(data / "custom.parquet", [_to_custom(r) for r in thirds[2]] + bad_records["custom"])
     config = _write_config(root)
     n_bad = sum(len(v) for v in bad_records.values())
     return DemoData(root, config, len(good) + n_bad, n_bad, n_dups, tokenize_rejects=3)
@@ -210,15 +204,11 @@ def _png_with_header_size(width: int, height: int) -> bytes:
     """A small valid PNG whose header claims ``width`` × ``height`` (a decompression bomb)."""
 
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-        )
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
     pixels = zlib.compress(b"\x00" * 64)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
 
 
 # --- conversations -------------------------------------------------------------------
@@ -293,9 +283,7 @@ def _to_custom(record: dict) -> dict:
     """Custom names: ``dialog`` of ``speaker``/``text`` with USER/BOT, media as JSON columns."""
     roles = {"human": "USER", "gpt": "BOT"}
     return {
-        "dialog": [
-            {"speaker": roles[t["from"]], "text": t["value"]} for t in record["conversations"]
-        ],
+        "dialog": [{"speaker": roles[t["from"]], "text": t["value"]} for t in record["conversations"]],
         "sys": record.get("system"),
         "pictures": record.get("images", []),
         "clips": record.get("videos", []),
@@ -400,9 +388,7 @@ def _bad_records(rng: random.Random, images: list[str], videos: list[str], bad: 
 def _write_jsonl(path: Path, records: list[dict], bad: list, rng: random.Random) -> None:
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
     for item in bad:
-        lines.insert(
-            rng.randrange(len(lines) + 1), item if isinstance(item, str) else json.dumps(item)
-        )
+        lines.insert(rng.randrange(len(lines) + 1), item if isinstance(item, str) else json.dumps(item))
     lines.insert(len(lines) // 2, "")  # a blank line is not a record
     path.write_text("\n".join(lines) + "\n")
 

@@ -80,17 +80,13 @@ def normalize_uri(uri: str) -> str:
 def expand(pattern: str, s3: S3Options | None = None) -> list[str]:
     """Files named by a path, a directory (recursively) or a glob; sorted, hidden files skipped."""
     if not is_s3(pattern):
-        matches = (
-            sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-        )
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
         files: list[str] = []
         for match in matches:
             if os.path.isdir(match):
                 for root, dirs, names in os.walk(match):
                     dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-                    files += [
-                        os.path.join(root, n) for n in sorted(names) if not n.startswith((".", "_"))
-                    ]
+                    files += [os.path.join(root, n) for n in sorted(names) if not n.startswith((".", "_"))]
             elif os.path.exists(match):
                 files.append(match)
         return sorted({os.path.abspath(f) for f in files})
@@ -98,9 +94,7 @@ def expand(pattern: str, s3: S3Options | None = None) -> list[str]:
     if glob.has_magic(path):
         prefix = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
-        keep = [
-            i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)
-        ]
+        keep = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
     else:
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.File:
@@ -119,9 +113,7 @@ def file_info(uri: str, s3: S3Options | None = None) -> pafs.FileInfo:
     return fs.get_file_info(path)
 
 
-def read_bytes(
-    uri: str, s3: S3Options | None = None, start: int = 0, length: int | None = None
-) -> bytes:
+def read_bytes(uri: str, s3: S3Options | None = None, start: int = 0, length: int | None = None) -> bytes:
     """Read a whole file, or ``length`` bytes from ``start``."""
     fs, path = filesystem(uri, s3)
     with fs.open_input_file(path) as f:

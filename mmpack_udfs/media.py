@@ -80,9 +80,7 @@ def resolve(reference: str, media_root: str) -> str:
     return path
 
 
-def probe(
-    kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None = None
-) -> MediaInfo:
+def probe(kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None = None) -> MediaInfo:
     """Probe one media file; raise Rejected with the reason it cannot be used."""
     try:
         info = fs.file_info(uri, s3)
@@ -107,8 +105,7 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
                 if width * height > settings.max_image_pixels:
                     raise Rejected(
                         Reason.IMAGE_TOO_LARGE,
-                        f"{uri}: {width}x{height} = {width * height} pixels "
-                        f"> {settings.max_image_pixels}",
+                        f"{uri}: {width}x{height} = {width * height} pixels > {settings.max_image_pixels}",
                     )
                 if settings.decode_images:
                     if image.format == "JPEG":
@@ -123,9 +120,7 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
     return MediaInfo("image", uri, len(data), width, height)
 
 
-def probe_video(
-    uri: str, size: int, settings: ProbeSettings, s3: fs.S3Options | None = None
-) -> MediaInfo:
+def probe_video(uri: str, size: int, settings: ProbeSettings, s3: fs.S3Options | None = None) -> MediaInfo:
     """Geometry, frame count, fps and duration from OpenCV; the first frames must decode."""
     if not fs.is_s3(uri):
         return _probe_video_file(uri, uri, size, settings)
@@ -152,7 +147,5 @@ def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -
     finally:
         capture.release()
     if frames <= 0 or fps <= 0 or width <= 0 or height <= 0:
-        raise Rejected(
-            Reason.VIDEO_NO_FRAMES, f"{uri}: {frames} frames at {fps} fps, {width}x{height}"
-        )
+        raise Rejected(Reason.VIDEO_NO_FRAMES, f"{uri}: {frames} frames at {fps} fps, {width}x{height}")
     return MediaInfo("video", uri, size, width, height, frames, fps, frames / fps)

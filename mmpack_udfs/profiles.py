@@ -29,9 +29,7 @@ class MediaPlan:
     """What one media item becomes: its grid, token count and (videos) the frames to decode."""
 
     kind: str
-    grid: tuple[
-        int, int, int
-    ]  # qwen2_vl: (t, h, w) in 14 px patches; internvl: (t, rows, cols) tiles
+    grid: tuple[int, int, int]  # qwen2_vl: (t, h, w) in 14 px patches; internvl: (t, rows, cols) tiles
     num_tokens: int
     resized: tuple[int, int]  # (height, width) the vision encoder sees (per tile for internvl)
     frame_indices: tuple[int, ...] = ()
@@ -128,9 +126,7 @@ class Qwen2VL(Profile):
         wanted = min(max(wanted, cfg["min_frames"]), max_frames, total)
         count = math.floor(wanted / t) * t
         if count <= 0:
-            raise Rejected(
-                Reason.MEDIA_UNSUPPORTED, f"video of {total} frames is too short to sample"
-            )
+            raise Rejected(Reason.MEDIA_UNSUPPORTED, f"video of {total} frames is too short to sample")
         return tuple(torch.arange(0, total, total / count).int().tolist())
 
 
@@ -143,9 +139,7 @@ class InternVL(Profile):
 
     def plan_image(self, width: int, height: int) -> MediaPlan:
         cfg = self.settings["image"]
-        cols, rows = closest_tile_grid(
-            width, height, cfg["tile_size"], cfg["min_tiles"], cfg["max_tiles"]
-        )
+        cols, rows = closest_tile_grid(width, height, cfg["tile_size"], cfg["min_tiles"], cfg["max_tiles"])
         tiles = cols * rows + (1 if cfg["thumbnail"] and cols * rows > 1 else 0)
         size = cfg["tile_size"]
         return MediaPlan("image", (1, rows, cols), tiles * cfg["tokens_per_tile"], (size, size))
@@ -161,9 +155,7 @@ class InternVL(Profile):
         return MediaPlan("video", (count, 1, 1), tokens, (size, size), indices)
 
 
-def closest_tile_grid(
-    width: int, height: int, tile: int, min_tiles: int, max_tiles: int
-) -> tuple[int, int]:
+def closest_tile_grid(width: int, height: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
     """(columns, rows) of tiles: InternVL's dynamic_preprocess closest-aspect-ratio rule."""
     ratios = sorted(
         {
@@ -192,7 +184,5 @@ PROFILE_KINDS: dict[str, type[Profile]] = {"qwen2_vl": Qwen2VL, "internvl": Inte
 def make_profile(name: str, settings: Mapping[str, Any]) -> Profile:
     kind = settings.get("kind", name)
     if kind not in PROFILE_KINDS:
-        raise ValueError(
-            f"profile '{name}': unknown kind '{kind}' (known: {sorted(PROFILE_KINDS)})"
-        )
+        raise ValueError(f"profile '{name}': unknown kind '{kind}' (known: {sorted(PROFILE_KINDS)})")
     return PROFILE_KINDS[kind](name, settings)

@@ -58,7 +58,5 @@ class Rejected(Exception):
         self.detail = detail
 
 
-TOKENIZE_REASONS = frozenset(
-    {Reason.MEDIA_UNSUPPORTED, Reason.TOO_LONG, Reason.NO_SUPERVISED_TOKENS}
-)
+TOKENIZE_REASONS = frozenset({Reason.MEDIA_UNSUPPORTED, Reason.TOO_LONG, Reason.NO_SUPERVISED_TOKENS})
 NORMALIZE_REASONS = frozenset(Reason) - TOKENIZE_REASONS

@@ -72,9 +72,7 @@ class RecordNormalizer:
         spec = self.specs[raw["dataset"]]
         conversation = parse_record(record, spec)
         uris = [media.resolve(ref, spec.media_root) for _, ref in conversation.media]
-        infos = [
-            self._probe(kind, uri) for (kind, _), uri in zip(conversation.media, uris, strict=True)
-        ]
+        infos = [self._probe(kind, uri) for (kind, _), uri in zip(conversation.media, uris, strict=True)]
         return {
             **_base(raw),
             "kind": ROW_KIND_SAMPLE,

@@ -158,9 +158,7 @@ def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
     mapping = spec.mapping(detect_dialect(record, spec))
     system, turns = _turns(record, mapping)
     _check_order(turns)
-    images = _media_list(record, mapping.columns["images"]) + _media_list(
-        record, mapping.columns["image"]
-    )
+    images = _media_list(record, mapping.columns["images"]) + _media_list(record, mapping.columns["image"])
     videos = _media_list(record, mapping.columns["videos"])
     media = _match_placeholders(turns, images, videos, mapping)
     return Conversation(system=system, turns=_canonical_placeholders(turns, mapping), media=media)
@@ -190,17 +188,13 @@ def _turns(record: Mapping[str, Any], m: KeyMap) -> tuple[str | None, list[tuple
     turns: list[tuple[str, str]] = []
     for i, turn in enumerate(messages):
         if not isinstance(turn, dict) or m.role_key not in turn or m.content_key not in turn:
-            raise Rejected(
-                Reason.MALFORMED_TURN, f"turn {i} lacks '{m.role_key}' or '{m.content_key}'"
-            )
+            raise Rejected(Reason.MALFORMED_TURN, f"turn {i} lacks '{m.role_key}' or '{m.content_key}'")
         tag, content = turn[m.role_key], turn[m.content_key]
         role = m.roles.get(tag) if isinstance(tag, str) else None
         if role is None:
             raise Rejected(Reason.UNKNOWN_ROLE, f"turn {i} has role {tag!r}")
         if not isinstance(content, str):
-            raise Rejected(
-                Reason.NON_STRING_CONTENT, f"turn {i} content is {type(content).__name__}"
-            )
+            raise Rejected(Reason.NON_STRING_CONTENT, f"turn {i} content is {type(content).__name__}")
         turns.append((role, content))
     system = record.get(m.columns["system"])
     if system is not None and not isinstance(system, str):
@@ -248,8 +242,7 @@ def _match_placeholders(
     if n_img != len(images) or n_vid != len(videos):
         raise Rejected(
             Reason.PLACEHOLDER_MEDIA_MISMATCH,
-            f"{n_img} image / {n_vid} video placeholders for "
-            f"{len(images)} images / {len(videos)} videos",
+            f"{n_img} image / {n_vid} video placeholders for {len(images)} images / {len(videos)} videos",
         )
     queues = {"image": iter(images), "video": iter(videos)}
     return [(kind, next(queues[kind])) for kind in found]
@@ -276,9 +269,7 @@ def sample_id(conversation: Conversation, media_uris: list[str]) -> str:
         {
             "system": conversation.system,
             "turns": conversation.turns,
-            "media": [
-                [kind, uri] for (kind, _), uri in zip(conversation.media, media_uris, strict=True)
-            ],
+            "media": [[kind, uri] for (kind, _), uri in zip(conversation.media, media_uris, strict=True)],
         },
         ensure_ascii=False,
         separators=(",", ":"),

@@ -157,9 +157,7 @@ def read_table(spark, uri: str, s3: fs.S3Options | None = None):
         for batch in batches:
             for file in batch.column("uri").to_pylist():
                 filesystem, path = fs.filesystem(file, s3)
-                yield from (
-                    pq.read_table(path, filesystem=filesystem).cast(arrow_schema).to_batches()
-                )
+                yield from (pq.read_table(path, filesystem=filesystem).cast(arrow_schema).to_batches())
 
     return listing.mapInArrow(read_files, spark_schema)
 
@@ -188,16 +186,11 @@ def write_table(
     written: list[dict] = []
     if n_files:
         tag = run_tag(run_id)
-        ordered = (
-            df.select(*schema.names).repartition(n_files, *sort_by).sortWithinPartitions(*sort_by)
-        )
+        ordered = df.select(*schema.names).repartition(n_files, *sort_by).sortWithinPartitions(*sort_by)
         writer = _partition_writer(uri, schema, tag, s3)
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        written = [
-            r.asDict()
-            for r in ordered.mapInArrow(writer, from_arrow_schema(WRITTEN_FILE)).collect()
-        ]
+        written = [r.asDict() for r in ordered.mapInArrow(writer, from_arrow_schema(WRITTEN_FILE)).collect()]
     total = sum(w["rows"] for w in written)
     if total != rows:
         raise TableError(f"{uri}: wrote {total} rows but the DataFrame has {rows}")
@@ -300,7 +293,5 @@ def commit(
             commit_properties=properties,
         )
     else:
-        table.create_write_transaction(
-            actions, mode=mode, schema=schema, commit_properties=properties
-        )
+        table.create_write_transaction(actions, mode=mode, schema=schema, commit_properties=properties)
     return open_table(uri, s3).version()

@@ -164,23 +164,14 @@ class SampleTokenizer:
 
     # --- encoding ----------------------------------------------------------------------
 
-    def encode(
-        self, conversations: Sequence[list[Piece]]
-    ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    def encode(self, conversations: Sequence[list[Piece]]) -> list[list[tuple[np.ndarray, np.ndarray]]]:
         """For every piece of every conversation: (ids, supervised mask). One Rust call for
         all plain texts; role-header texts (rare) go through a second call with offsets."""
-        plain = [
-            p.text
-            for conv in conversations
-            for p in conv
-            if p.text is not None and not p.header_chars
-        ]
+        plain = [p.text for conv in conversations for p in conv if p.text is not None and not p.header_chars]
         headed = [p for conv in conversations for p in conv if p.header_chars]
         plain_ids = iter(self.backend.encode_batch_fast(plain, add_special_tokens=False))
         headed_enc = iter(
-            self.backend.encode_batch([p.text for p in headed], add_special_tokens=False)
-            if headed
-            else []
+            self.backend.encode_batch([p.text for p in headed], add_special_tokens=False) if headed else []
         )
         out = []
         for conv in conversations:
@@ -231,9 +222,7 @@ class SampleTokenizer:
         limit = self.settings.max_tokens
         if length <= limit:
             results = [
-                self._assemble(
-                    sample["sample_id"], sample["sample_id"], sample, plans, pieces, encoded
-                )
+                self._assemble(sample["sample_id"], sample["sample_id"], sample, plans, pieces, encoded)
             ]
         elif self.settings.over_length == "truncate":
             results = [self._truncate(sample, plans, pieces, encoded, limit)]
@@ -311,9 +300,7 @@ class SampleTokenizer:
         for r in rounds:
             cost = sum(turn_tokens[t] for t in r)
             if system_tokens + cost > limit:
-                raise Rejected(
-                    Reason.TOO_LONG, f"one round has {system_tokens + cost} tokens > {limit}"
-                )
+                raise Rejected(Reason.TOO_LONG, f"one round has {system_tokens + cost} tokens > {limit}")
             if chunk and size + cost > limit:
                 chunks.append(chunk)
                 chunk, size = [], system_tokens

@@ -67,9 +67,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     try:
         counts = _kind_counts(normalized)
         kept = {r["dataset"]: r["count"] for r in unique.groupBy("dataset").count().collect()}
-        samples = tables.write_table(
-            unique, samples_uri, schemas.SAMPLES, sort_by=["sample_id"], **common
-        )
+        samples = tables.write_table(unique, samples_uri, schemas.SAMPLES, sort_by=["sample_id"], **common)
         quarantine = tables.write_table(
             normalized.filter(f"kind = '{schemas.ROW_KIND_QUARANTINE}'"),
             quarantine_uri,
@@ -80,14 +78,10 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     finally:
         unique.unpersist()
         normalized.unpersist()
-    summary = build_summary(
-        run_id, output, counts, kept, samples, quarantine, len(files), len(splits)
-    )
+    summary = build_summary(run_id, output, counts, kept, samples, quarantine, len(files), len(splits))
     summary["seconds"] = round(time.time() - started, 2)
     reconcile(summary)
-    fs.write_bytes(
-        schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3
-    )
+    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
     print(format_summary(summary))
     return summary
 
@@ -109,9 +103,7 @@ def _normalized_rows(spark, splits, specs, settings, s3):
     from pyspark.sql.pandas.types import from_arrow_schema
 
     split_df = spark.createDataFrame(inputs.splits_table(splits)).repartition(len(splits))
-    raw = split_df.mapInArrow(
-        partial(inputs.read_splits_batches, s3=s3), from_arrow_schema(inputs.RAW)
-    )
+    raw = split_df.mapInArrow(partial(inputs.read_splits_batches, s3=s3), from_arrow_schema(inputs.RAW))
     tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
     normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(
         partial(records.normalize_batches, specs=specs, settings=settings, s3=s3),
@@ -135,9 +127,7 @@ def _unique_samples(spark, normalized, samples_uri, mode, s3):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    samples = normalized.filter(f"kind = '{schemas.ROW_KIND_SAMPLE}'").select(
-        *schemas.SAMPLES.names
-    )
+    samples = normalized.filter(f"kind = '{schemas.ROW_KIND_SAMPLE}'").select(*schemas.SAMPLES.names)
     first = Window.partitionBy("sample_id").orderBy("dataset", "source_file", "source_position")
     unique = samples.withColumn("_n", F.row_number().over(first)).filter("_n = 1").drop("_n")
     if mode == "append" and tables.open_table(samples_uri, s3) is not None:
@@ -150,9 +140,7 @@ def build_summary(run_id, output, counts, kept, samples, quarantine, n_files, n_
     """Counts per dataset and per reason; duplicates = valid samples not kept."""
     datasets: dict[str, dict[str, Any]] = {}
     for row in counts:
-        d = datasets.setdefault(
-            row["dataset"], {"read": 0, "valid": 0, "quarantined": 0, "reasons": {}}
-        )
+        d = datasets.setdefault(row["dataset"], {"read": 0, "valid": 0, "quarantined": 0, "reasons": {}})
         if row["kind"] == schemas.ROW_KIND_SPLIT:
             d["read"] += row["read"] or 0
         elif row["kind"] == schemas.ROW_KIND_SAMPLE:
@@ -165,8 +153,7 @@ def build_summary(run_id, output, counts, kept, samples, quarantine, n_files, n_
         d["duplicates"] = d.pop("valid") - d["samples"]
         d["reasons"] = dict(sorted(d["reasons"].items()))
     totals = {
-        k: sum(d[k] for d in datasets.values())
-        for k in ("read", "samples", "quarantined", "duplicates")
+        k: sum(d[k] for d in datasets.values()) for k in ("read", "samples", "quarantined", "duplicates")
     }
     reasons: dict[str, int] = {}
     for d in datasets.values():
@@ -217,9 +204,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines += [f"    {reason:<28}{n:>8}" for reason, n in summary["reasons"].items()]
     for name, table in summary["tables"].items():
         state = "unchanged (already committed)" if table["skipped"] else "committed"
-        lines.append(
-            f"  {name}: {table['table']}  v{table['version']}  {table['rows']} rows, {state}"
-        )
+        lines.append(f"  {name}: {table['table']}  v{table['version']}  {table['rows']} rows, {state}")
     lines.append(
         f"  reconciled: read {t['read']} = samples {t['samples']} + quarantined "
         f"{t['quarantined']} + duplicates {t['duplicates']}"

@@ -26,7 +26,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas, tables
-from mmpack_udfs.config import config_hash
 from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_tokenizer
 
 REPORT_NAME = "tokenize.json"
@@ -123,17 +122,11 @@ def tokenize_units(
                         if done:
                             yield to_record_batch(done)
 
-            written = tables.write_part(
-                tokenized_uri, name, tokenized_batches(), schemas.TOKENIZED, s3
-            )
+            written = tables.write_part(tokenized_uri, name, tokenized_batches(), schemas.TOKENIZED, s3)
             rejected = pa.RecordBatch.from_pylist(quarantined, schema=schemas.TOKENIZE_QUARANTINE)
-            written_q = tables.write_part(
-                quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, s3
-            )
+            written_q = tables.write_part(quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, s3)
             if counts["rows_in"] != unit["rows"]:
-                raise RuntimeError(
-                    f"{unit['uri']}: read {counts['rows_in']} rows, expected {unit['rows']}"
-                )
+                raise RuntimeError(f"{unit['uri']}: read {counts['rows_in']} rows, expected {unit['rows']}")
             results = [
                 {
                     "table": "tokenized",
@@ -163,14 +156,10 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     s3 = fs.S3Options.from_config(config.get("s3"))
     output = fs.normalize_uri(config["output"])
     samples_uri = schemas.table_uri(output, "samples")
-    out_uris = {
-        name: schemas.table_uri(output, name) for name in ("tokenized", "tokenize_quarantine")
-    }
+    out_uris = {name: schemas.table_uri(output, name) for name in ("tokenized", "tokenize_quarantine")}
     settings = TokenizeSettings.from_config(config)
     samples_version, files = tables.data_files(samples_uri, s3)
-    run_id = config["run_id"] or derive_run_id(
-        config, samples_uri, samples_version, settings.tokenizer_path
-    )
+    run_id = config["run_id"] or derive_run_id(config, samples_uri, samples_version, settings.tokenizer_path)
     mode = config["mode"]
 
     previous = _previous_summary(output, run_id, mode, list(out_uris.values()), s3)
@@ -182,9 +171,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     units = plan_units(files, config["tokenize"]["rows_per_file"], s3)
     results: list[dict] = []
     if units:
-        unit_df = spark.createDataFrame(pa.Table.from_pylist(units, schema=UNIT)).repartition(
-            len(units)
-        )
+        unit_df = spark.createDataFrame(pa.Table.from_pylist(units, schema=UNIT)).repartition(len(units))
         task = partial(
             tokenize_units,
             settings=settings,
@@ -193,9 +180,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
             tag=tables.run_tag(run_id),
             s3=s3,
         )
-        results = [
-            r.asDict() for r in unit_df.mapInArrow(task, from_arrow_schema(UNIT_RESULT)).collect()
-        ]
+        results = [r.asDict() for r in unit_df.mapInArrow(task, from_arrow_schema(UNIT_RESULT)).collect()]
     commits = {}
     for name, uri in out_uris.items():
         written = [r for r in results if r["table"] == name and r["rows"] > 0]
@@ -227,9 +212,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         "seconds": round(time.time() - started, 2),
     }
     reconcile(summary)
-    fs.write_bytes(
-        schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3
-    )
+    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
     print(format_summary(summary))
     return summary
 
@@ -256,10 +239,7 @@ def token_statistics(tokenized_uri: str, s3: fs.S3Options | None) -> dict[str, A
         return {"total": 0}
     table = pa.concat_tables(parts)
     lengths = table.column("num_tokens").to_numpy()
-    totals = {
-        c.removesuffix("_tokens"): int(table.column(c).to_numpy().sum(dtype=np.int64))
-        for c in columns
-    }
+    totals = {c.removesuffix("_tokens"): int(table.column(c).to_numpy().sum(dtype=np.int64)) for c in columns}
     return {
         "total": totals.pop("num"),
         **totals,
@@ -302,9 +282,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"  tokens per sample: mean {t['mean']}, p50 {t['p50']}, p99 {t['p99']}, max {t['max']}",
         ]
     if summary["reasons"]:
-        lines.append(
-            "  quarantine reasons: " + ", ".join(f"{r} {n}" for r, n in summary["reasons"].items())
-        )
+        lines.append("  quarantine reasons: " + ", ".join(f"{r} {n}" for r, n in summary["reasons"].items()))
     for name, table in summary["tables"].items():
         lines.append(f"  {name}: {table['table']}  v{table['version']}  {table['rows']} rows")
     lines.append(

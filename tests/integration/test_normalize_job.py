@@ -40,9 +40,7 @@ def test_every_record_is_accounted_for(first_run, demo):
     assert t["read"] == demo.records
     assert t["read"] == t["samples"] + t["quarantined"] + t["duplicates"]
     assert t["quarantined"] == demo.bad_records and t["duplicates"] == demo.duplicates
-    assert (
-        samples_of(out).num_rows == t["samples"] and quarantine_of(out).num_rows == t["quarantined"]
-    )
+    assert samples_of(out).num_rows == t["samples"] and quarantine_of(out).num_rows == t["quarantined"]
     saved = json.loads((out / "report" / "normalize.json").read_text())
     assert saved["totals"] == t
 
@@ -177,9 +175,7 @@ def test_a_fresh_spark_session_reads_the_tables(first_run):
         "media = df.selectExpr('sum(size(media)) as n').first().n\n"
         "print(json.dumps({'ids': ids, 'media': media}))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
     expected = samples_of(out)

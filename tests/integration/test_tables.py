@@ -14,9 +14,7 @@ SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("n", p
 
 
 def frame(spark, n, offset=0):
-    return spark.createDataFrame(
-        [(f"k{i:04d}", i) for i in range(offset, offset + n)], "id string, n long"
-    )
+    return spark.createDataFrame([(f"k{i:04d}", i) for i in range(offset, offset + n)], "id string, n long")
 
 
 def write(df, uri, run_id, mode="overwrite", s3=None):
@@ -62,18 +60,14 @@ def test_spark_reads_through_the_delta_file_list(spark, tmp_path):
 
 def test_tables_with_column_mapping_are_refused(spark, tmp_path):
     uri = str(tmp_path / "cm")
-    write_deltalake(
-        uri, pa.table({"id": ["a"]}), configuration={"delta.columnMapping.mode": "name"}
-    )
+    write_deltalake(uri, pa.table({"id": ["a"]}), configuration={"delta.columnMapping.mode": "name"})
     with pytest.raises(tables.TableError, match="column mapping"):
         tables.read_table(spark, uri)
 
 
 def test_deletion_vectors_enabled_but_unused_is_fine(spark, tmp_path):
     uri = str(tmp_path / "dv")
-    write_deltalake(
-        uri, pa.table({"id": ["a", "b"]}), configuration={"delta.enableDeletionVectors": "true"}
-    )
+    write_deltalake(uri, pa.table({"id": ["a", "b"]}), configuration={"delta.enableDeletionVectors": "true"})
     assert tables.read_table(spark, uri).count() == 2
 
 

@@ -27,9 +27,7 @@ def one_file(path, dataset="d"):
     return inputs.list_inputs([spec])
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lines=st.lists(st.text(alphabet="ab{}é\r ", max_size=30), max_size=25),
     trailing_newline=st.booleans(),

@@ -68,10 +68,7 @@ def test_bad_images(media_root, name, reason):
 
 def test_pixel_limit_is_configurable(media_root):
     small = media.ProbeSettings(max_image_pixels=300 * 120 - 1)
-    assert (
-        reason_of(media.probe, "image", str(media_root / "wide.png"), small)
-        == Reason.IMAGE_TOO_LARGE
-    )
+    assert reason_of(media.probe, "image", str(media_root / "wide.png"), small) == Reason.IMAGE_TOO_LARGE
 
 
 @pytest.mark.parametrize(
@@ -110,7 +107,4 @@ def test_media_on_s3(s3_bucket, media_root):
     image = media.probe("image", media.resolve("wide.jpg", f"s3://{bucket}/m"), SETTINGS, s3)
     video = media.probe("video", f"s3://{bucket}/m/clip.mp4", SETTINGS, s3)
     assert (image.width, image.height, video.frames) == (300, 120, 20)
-    assert (
-        reason_of(media.probe, "image", f"s3://{bucket}/m/none.jpg", SETTINGS, s3)
-        == Reason.MEDIA_MISSING
-    )
+    assert reason_of(media.probe, "image", f"s3://{bucket}/m/none.jpg", SETTINGS, s3) == Reason.MEDIA_MISSING

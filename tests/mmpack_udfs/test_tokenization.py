@@ -60,8 +60,7 @@ def sample(turns, media=(), system=None, sample_id="s1"):
         "system": system,
         "media": list(media),
         "turns": [
-            t if isinstance(t, dict) else {"role": roles[i % 2], "text": t}
-            for i, t in enumerate(turns)
+            t if isinstance(t, dict) else {"role": roles[i % 2], "text": t} for i, t in enumerate(turns)
         ],
     }
 
@@ -94,9 +93,7 @@ def media_oracle_tokens(s, video_oracle) -> list[int]:
     for m in s["media"]:
         if m["kind"] == "image":
             pil = Image.new("RGB", (m["width"], m["height"]))
-            counts.append(
-                oracle.image_tokens(pil, QWEN["image"]["min_pixels"], QWEN["image"]["max_pixels"])
-            )
+            counts.append(oracle.image_tokens(pil, QWEN["image"]["min_pixels"], QWEN["image"]["max_pixels"]))
         else:
             counts.append(video_oracle[(m["frames"], m["fps"], m["width"], m["height"])][0])
     return counts
@@ -122,9 +119,7 @@ CASES = {
         [video(40, 10.0, 320, 240), image(800, 600)],
     ),
     "long video": sample(["<video>", "Long."], [video(3000, 30.0, 1280, 720)]),
-    "unicode and specials-like text": sample(
-        ["日本語 テキスト ✓ <im_start> 123456", "Ünïcödé… done"]
-    ),
+    "unicode and specials-like text": sample(["日本語 テキスト ✓ <im_start> 123456", "Ünïcödé… done"]),
     "tools": sample(
         [
             {"role": "user", "text": "weather?"},
@@ -142,9 +137,7 @@ def test_ids_equal_transformers(tok, video_oracle, name):
     result = one(tok, s)
     system = s["system"] if s["system"] is not None else "You are a helpful assistant."
     media_tokens = media_oracle_tokens(s, video_oracle)
-    assert result.input_ids.tolist() == oracle.reference_ids(
-        tok.hf, system, s["turns"], media_tokens
-    )
+    assert result.input_ids.tolist() == oracle.reference_ids(tok.hf, system, s["turns"], media_tokens)
     assert [m["num_tokens"] for m in result.media] == media_tokens
 
 
@@ -155,9 +148,7 @@ def test_media_spans_point_at_their_pad_tokens(tok):
         span = result.input_ids[m["token_offset"] : m["token_offset"] + m["num_tokens"]]
         assert (span == pads[m["kind"]]).all()
         assert result.input_ids[m["token_offset"] - 1] == tok.special["<|vision_start|>"]
-        assert (
-            result.input_ids[m["token_offset"] + m["num_tokens"]] == tok.special["<|vision_end|>"]
-        )
+        assert result.input_ids[m["token_offset"] + m["num_tokens"]] == tok.special["<|vision_end|>"]
     assert result.image_tokens + result.video_tokens == sum(m["num_tokens"] for m in result.media)
 
 
@@ -234,9 +225,7 @@ def long_sample(rounds=6, words=300):
 def test_drop_quarantines_too_long():
     tok = make_tokenizer(max_tokens=500)
     done, quarantined = tok.tokenize([long_sample()])
-    assert (
-        not done and quarantined[0]["reason"] == "too_long" and quarantined[0]["num_tokens"] > 500
-    )
+    assert not done and quarantined[0]["reason"] == "too_long" and quarantined[0]["num_tokens"] > 500
 
 
 def test_truncate_cuts_text_and_never_a_media_span():
@@ -286,13 +275,9 @@ def test_internvl_tiles():
     tok = SampleTokenizer(TokenizeSettings.from_config(config))
     plan = tok.profile.plan_image
     assert plan(448, 448).num_tokens == 256  # one tile, no thumbnail
-    assert (
-        plan(896, 448).grid == (1, 1, 2) and plan(896, 448).num_tokens == 3 * 256
-    )  # 2 tiles + thumb
+    assert plan(896, 448).grid == (1, 1, 2) and plan(896, 448).num_tokens == 3 * 256  # 2 tiles + thumb
     assert plan(1344, 896).grid == (1, 2, 3) and plan(1344, 896).num_tokens == 7 * 256
-    assert (
-        plan(4000, 100).grid == (1, 1, 12) and plan(4000, 100).num_tokens == 13 * 256
-    )  # max tiles
+    assert plan(4000, 100).grid == (1, 1, 12) and plan(4000, 100).num_tokens == 13 * 256  # max tiles
     assert plan(100, 100).num_tokens == 256  # small images are one tile
     # InternVL get_index: int(seg / 2 + round(seg * i)) with seg = (80 - 1) / 8
     assert tok.profile.plan_video(80, 8.0, 320, 240).frame_indices == (
@@ -305,9 +290,7 @@ def test_internvl_tiles():
         63,
         73,
     )
-    result = one(
-        tok, sample(["<image> and <video>", "ok"], [image(896, 448), video(80, 8.0, 320, 240)])
-    )
+    result = one(tok, sample(["<image> and <video>", "ok"], [image(896, 448), video(80, 8.0, 320, 240)]))
     ctx, start = tok.special["<IMG_CONTEXT>"], tok.special["<img>"]
     assert (result.input_ids == ctx).sum() == 3 * 256 + 8 * 256
     assert result.input_ids[result.media[0]["token_offset"] - 1] == start
@@ -321,9 +304,6 @@ def test_to_record_batch_round_trips(tok):
     rows = batch.to_pylist()
     assert rows[0]["input_ids"] == done[0].input_ids.tolist()
     assert rows[1]["labels"] == done[1].labels.tolist()
-    assert (
-        rows[0]["num_tokens"]
-        == rows[0]["text_tokens"] + rows[0]["image_tokens"] + rows[0]["video_tokens"]
-    )
+    assert rows[0]["num_tokens"] == rows[0]["text_tokens"] + rows[0]["image_tokens"] + rows[0]["video_tokens"]
     assert rows[0]["media"][1]["frame_indices"] is None and rows[0]["media"][0]["frame_indices"]
     assert rows[1]["supervised_tokens"] == int(np.sum(done[1].labels != IGNORE))

@@ -22,9 +22,7 @@ from PIL import Image
 PLACEHOLDER = re.compile(r"(<image>|<video>)")
 
 
-def video_plans(
-    cases: list[tuple[int, float, int, int]], video_cfg: dict
-) -> list[tuple[int, list[int]]]:
+def video_plans(cases: list[tuple[int, float, int, int]], video_cfg: dict) -> list[tuple[int, list[int]]]:
     """(tokens, frame indices) per (frames, fps, width, height), from transformers' processor.
 
     Runs in a fresh interpreter that installs the torchvision stand-in before transformers
@@ -62,8 +60,7 @@ def reference_ids(hf_tokenizer, system, turns, media_tokens: list[int]) -> list[
             messages.append({"role": role, "content": parts[0]})
         else:
             content = [
-                {"type": p[1:-1]} if PLACEHOLDER.fullmatch(p) else {"type": "text", "text": p}
-                for p in parts
+                {"type": p[1:-1]} if PLACEHOLDER.fullmatch(p) else {"type": "text", "text": p} for p in parts
             ]
             messages.append({"role": role, "content": content})
     text = hf_tokenizer.apply_chat_template(messages, tokenize=False)

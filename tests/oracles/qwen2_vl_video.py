@@ -61,9 +61,7 @@ def main() -> None:
     )
     out = []
     for frames, fps, width, height in request["cases"]:
-        indices = processor.sample_frames(
-            VideoMetadata(total_num_frames=frames, fps=fps), fps=cfg["fps"]
-        )
+        indices = processor.sample_frames(VideoMetadata(total_num_frames=frames, fps=fps), fps=cfg["fps"])
         h, w = module.smart_resize(
             height,
             width,
