@@ -30,14 +30,7 @@ from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_t
 
 REPORT_NAME = "tokenize.json"
 BATCH_ROWS = 256
-UNIT = pa.schema(
-    [
-        ("index", pa.int32()),
-        ("uri", pa.string()),
-        ("row_groups", pa.list_(pa.int32())),
-        ("rows", pa.int64()),
-    ]
-)
+UNIT = pa.schema([("index", pa.int32()), ("uri", pa.string()), ("start", pa.int64()), ("rows", pa.int64())])
 UNIT_RESULT = pa.schema(
     [
         ("table", pa.string()),
@@ -56,23 +49,30 @@ class ReconciliationError(RuntimeError):
 
 
 def plan_units(files: list[str], rows_per_unit: int, s3: fs.S3Options | None) -> list[dict]:
-    """Consecutive row groups of each samples file, about ``rows_per_unit`` rows per unit."""
+    """Row ranges of ``rows_per_unit`` rows over the samples files, in table order."""
     units: list[dict] = []
     for uri in files:
         filesystem, path = fs.filesystem(uri, s3)
         with filesystem.open_input_file(path) as f:
-            meta = pq.ParquetFile(f).metadata
-        groups: list[int] = []
-        rows = 0
-        for g in range(meta.num_row_groups):
-            groups.append(g)
-            rows += meta.row_group(g).num_rows
-            if rows >= rows_per_unit:
-                units.append({"uri": uri, "row_groups": groups, "rows": rows})
-                groups, rows = [], 0
-        if groups:
-            units.append({"uri": uri, "row_groups": groups, "rows": rows})
+            total = pq.ParquetFile(f).metadata.num_rows
+        for start in range(0, total, rows_per_unit):
+            units.append({"uri": uri, "start": start, "rows": min(rows_per_unit, total - start)})
     return [{"index": i, **u} for i, u in enumerate(units)]
+
+
+def read_rows(parquet: pq.ParquetFile, start: int, rows: int, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Rows [start, start + rows) of a Parquet file, reading only the row groups they touch."""
+    end, first = start + rows, 0
+    for group in range(parquet.metadata.num_row_groups):
+        size = parquet.metadata.row_group(group).num_rows
+        if first < end and first + size > start:
+            offset = first
+            for batch in parquet.iter_batches(batch_rows, row_groups=[group]):
+                lo, hi = max(start - offset, 0), min(end - offset, batch.num_rows)
+                if lo < hi:
+                    yield batch.slice(lo, hi - lo)
+                offset += batch.num_rows
+        first += size
 
 
 def derive_run_id(
@@ -112,8 +112,7 @@ def tokenize_units(
             def tokenized_batches(unit=unit, counts=counts, quarantined=quarantined):
                 filesystem, path = fs.filesystem(unit["uri"], s3)
                 with filesystem.open_input_file(path) as f:
-                    reader = pq.ParquetFile(f)
-                    for rows in reader.iter_batches(BATCH_ROWS, row_groups=unit["row_groups"]):
+                    for rows in read_rows(pq.ParquetFile(f), unit["start"], unit["rows"], BATCH_ROWS):
                         samples = rows.to_pylist()
                         counts["rows_in"] += len(samples)
                         done, rejected = tokenizer.tokenize(samples)

@@ -1,0 +1,103 @@
+"""The tokenize job end to end: demo samples → Delta tokenized + tokenize_quarantine."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmpack_udfs import tables
+from mmpack_udfs.schemas import table_uri
+from mmpack_udfs.stages import normalize, tokenize
+from mmpack_udfs.tokenization import IGNORE, SampleTokenizer, TokenizeSettings
+from tests.conftest import demo_config
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def normalized(spark, demo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokenize")
+    normalize.run(spark, demo_config(demo, out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def first_run(spark, demo, normalized):
+    config = demo_config(demo, normalized, "tokenize.rows_per_file=40")
+    return config, tokenize.run(spark, config)
+
+
+def tokenized_rows(out) -> list[dict]:
+    return sorted(
+        tables.read_arrow(table_uri(str(out), "tokenized")).to_pylist(), key=lambda r: r["sample_id"]
+    )
+
+
+def test_every_sample_is_tokenized_or_quarantined(first_run, demo, normalized):
+    _, summary = first_run
+    counts = summary["counts"]
+    samples = tables.read_arrow(table_uri(str(normalized), "samples")).num_rows
+    assert counts["samples_in"] == samples == counts["tokenized_samples"] + counts["quarantined"]
+    assert counts["quarantined"] == demo.tokenize_rejects
+    assert summary["reasons"] == {"media_unsupported": 2, "too_long": 1}
+    assert summary["units"] > 1  # several Spark tasks, each writing its own files
+    rows = tokenized_rows(normalized)
+    assert len(rows) == counts["tokenized_rows"] == counts["tokenized_samples"]
+    t = summary["tokens"]
+    assert t["total"] == sum(r["num_tokens"] for r in rows) == t["text"] + t["image"] + t["video"]
+    assert t["image"] > 0 and t["video"] > 0 and t["max"] <= 16384
+
+
+def test_rows_are_consistent(first_run, normalized):
+    for row in tokenized_rows(normalized):
+        ids, labels = np.array(row["input_ids"]), np.array(row["labels"])
+        assert len(ids) == len(labels) == row["num_tokens"]
+        assert ((labels == IGNORE) | (labels == ids)).all()
+        assert row["supervised_tokens"] == (labels != IGNORE).sum() > 0
+        assert row["image_tokens"] == sum(m["num_tokens"] for m in row["media"] if m["kind"] == "image")
+        for m in row["media"]:
+            span = ids[m["token_offset"] : m["token_offset"] + m["num_tokens"]]
+            assert len(set(span.tolist())) == 1 and len(span) == m["num_tokens"]
+            if m["kind"] == "video":
+                assert len(m["frame_indices"]) == 2 * m["grid_t"]
+
+
+def test_spark_output_equals_the_pure_tokenizer(first_run, normalized):
+    config, _ = first_run
+    tokenizer = SampleTokenizer(TokenizeSettings.from_config(config))
+    samples = {
+        s["sample_id"]: s for s in tables.read_arrow(table_uri(str(normalized), "samples")).to_pylist()
+    }
+    for row in tokenized_rows(normalized)[:25]:
+        (expected,), _ = tokenizer.tokenize([samples[row["sample_id"]]])
+        assert row["input_ids"] == expected.input_ids.tolist()
+        assert row["labels"] == expected.labels.tolist()
+
+
+def test_rerun_is_skipped_and_a_new_run_id_rewrites_identical_files(spark, first_run, normalized):
+    config, summary = first_run
+    uri = table_uri(str(normalized), "tokenized")
+    assert tokenize.run(spark, config)["skipped"] is True
+    before = {Path(f).name.split("-")[1]: Path(f).read_bytes() for f in tables.data_files(uri)[1]}
+    again = tokenize.run(spark, {**config, "run_id": "tokenize-again"})
+    assert again["tables"]["tokenized"]["version"] == summary["tables"]["tokenized"]["version"] + 1
+    after = {Path(f).name.split("-")[1]: Path(f).read_bytes() for f in tables.data_files(uri)[1]}
+    assert after == before
+
+
+def test_split_policy_accounts_for_every_sample(spark, demo, normalized):
+    config = demo_config(
+        demo, normalized, "tokenize.over_length=split", "tokenize.max_tokens=1500", "run_id=split-run"
+    )
+    summary = tokenize.run(spark, config)
+    counts = summary["counts"]
+    assert counts["samples_in"] == counts["tokenized_samples"] + counts["quarantined"]
+    assert counts["tokenized_rows"] > counts["tokenized_samples"]  # some samples became pieces
+    rows = tokenized_rows(normalized)
+    pieces = Counter(r["parent_id"] for r in rows)
+    split = [p for p, n in pieces.items() if n > 1]
+    assert split and all(r["num_tokens"] <= 1500 for r in rows)
+    assert all(r["sample_id"].startswith(r["parent_id"] + "-") for r in rows if r["parent_id"] in split)
