@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar
 
 from mmpack_udfs.reasons import Reason, Rejected
@@ -54,6 +55,7 @@ class Profile:
         self.name = name
         self.settings = settings
         self.default_system: str | None = settings.get("default_system") or None
+        self._plans: dict[tuple, MediaPlan] = {}
 
     def special_tokens(self) -> set[str]:
         tokens = {"<|im_start|>", "<|im_end|>"}
@@ -62,16 +64,32 @@ class Profile:
         return tokens
 
     def plan(self, media: Mapping[str, Any]) -> MediaPlan:
-        """The plan for one probed media item (a row of the samples table's ``media``)."""
-        if media["kind"] == "image":
-            return self.plan_image(media["width"], media["height"])
-        return self.plan_video(media["frames"], media["fps"], media["width"], media["height"])
+        """The plan for one probed media item (a row of the samples table's ``media``); plans
+        depend only on the geometry, so they are cached."""
+        key = (media["kind"], media["width"], media["height"], media["frames"], media["fps"])
+        plan = self._plans.get(key)
+        if plan is None:
+            if media["kind"] == "image":
+                plan = self.plan_image(media["width"], media["height"])
+            else:
+                plan = self.plan_video(media["frames"], media["fps"], media["width"], media["height"])
+            if len(self._plans) < 100_000:
+                self._plans[key] = plan
+        return plan
 
     def plan_image(self, width: int, height: int) -> MediaPlan:
         raise NotImplementedError
 
     def plan_video(self, frames: int, fps: float, width: int, height: int) -> MediaPlan:
         raise NotImplementedError
+
+
+@lru_cache(maxsize=1)
+def _smart_resize():
+    """transformers' own Qwen2-VL resize rule (imported once; the import takes a second)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    return smart_resize
 
 
 class Qwen2VL(Profile):
@@ -83,10 +101,8 @@ class Qwen2VL(Profile):
     patch_size, merge_size, temporal_patch_size = 14, 2, 2
 
     def _resize(self, height: int, width: int, limits: Mapping[str, int]) -> tuple[int, int]:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
         try:
-            return smart_resize(
+            return _smart_resize()(
                 height,
                 width,
                 factor=self.patch_size * self.merge_size,
