@@ -1,0 +1,131 @@
+"""First-fit-decreasing bin packing: pure, Spark-free, O(n log n), deterministic.
+
+Items are sorted by decreasing length, ties broken by a caller-given stable key (never by
+input order), then each goes into the first bin with room. "First bin with room" is a
+descent in a max segment tree over the bins' remaining room: bins not opened yet have
+the whole budget, so the leftmost fit opens a new bin exactly when no open bin fits.
+
+An optional second size per item (media items, vision patches) with its own budget is
+honoured by descending two trees at once; a subtree is skipped when either maximum is
+too small, so the search stays near-logarithmic in practice.
+
+The hot loop is compiled with numba; no Python runs per item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+OVERSIZE_POLICIES = ("error", "skip")
+
+
+class OversizeError(ValueError):
+    """An item is larger than a budget and the policy is ``error``."""
+
+
+@dataclass(frozen=True)
+class Packing:
+    bin_of: np.ndarray  # int64 per item: its bin, or -1 for a skipped oversize item
+    num_bins: int
+    skipped: np.ndarray  # indices of items skipped as oversize
+
+    def bins(self) -> list[np.ndarray]:
+        """Item indices per bin, in packing order (longest first)."""
+        order = np.argsort(self.bin_of, kind="stable")
+        order = order[self.bin_of[order] >= 0]
+        cuts = np.flatnonzero(np.diff(self.bin_of[order])) + 1
+        return np.split(order, cuts) if len(order) else []
+
+
+def first_fit_decreasing(
+    lengths: np.ndarray,
+    budget: int,
+    *,
+    keys: np.ndarray | None = None,
+    second: np.ndarray | None = None,
+    second_budget: int | None = None,
+    oversize: str = "error",
+) -> Packing:
+    """Pack items of ``lengths`` (and ``second`` sizes) into bins of ``budget`` (``second_budget``).
+
+    ``keys`` (uint64/int64, one per item, e.g. a hash of the sample id) break ties between
+    equal lengths so that the result does not depend on the order items arrive in.
+    """
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if oversize not in OVERSIZE_POLICIES:
+        raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
+    if budget <= 0:
+        raise ValueError(f"budget must be positive, got {budget}")
+    if (second is None) != (second_budget is None):
+        raise ValueError("give both second and second_budget, or neither")
+    second = np.zeros(n, np.int64) if second is None else np.ascontiguousarray(second, dtype=np.int64)
+    second_budget = int(second_budget) if second_budget is not None else 0
+    if len(second) != n or (keys is not None and len(keys) != n):
+        raise ValueError("lengths, second and keys must have one entry per item")
+    if (lengths < 0).any() or (second < 0).any():
+        raise ValueError("sizes must be non-negative")
+
+    too_big = (lengths > budget) | (second > second_budget if second_budget else False)
+    if too_big.any() and oversize == "error":
+        first = int(np.flatnonzero(too_big)[0])
+        raise OversizeError(
+            f"{int(too_big.sum())} item(s) exceed the budget, e.g. item {first}: length "
+            f"{lengths[first]} > {budget}"
+            + (f" or second size {second[first]} > {second_budget}" if second_budget else "")
+        )
+    tie = np.arange(n, dtype=np.int64) if keys is None else np.asarray(keys)
+    order = np.lexsort((tie, -lengths))  # longest first; equal lengths by key
+    order = order[~too_big[order]]
+    bin_of = np.full(n, -1, np.int64)
+    num_bins = _pack(lengths, second, order, budget, second_budget, bin_of)
+    return Packing(bin_of=bin_of, num_bins=int(num_bins), skipped=np.flatnonzero(too_big))
+
+
+@numba.njit(cache=True)
+def _pack(lengths, second, order, budget, second_budget, bin_of):  # pragma: no cover - compiled
+    n = len(order)
+    size = 1
+    while size < max(n, 1):
+        size *= 2
+    room = np.full(2 * size, budget, np.int64)
+    use_second = second_budget > 0
+    room2 = np.full(2 * size if use_second else 2, second_budget, np.int64)
+    num_bins = 0
+    stack = np.empty(128, np.int64)
+    for item in order:
+        need, need2 = lengths[item], second[item]
+        # leftmost leaf with room >= need (and room2 >= need2): DFS with pruning
+        leaf = -1
+        stack[0] = 1
+        top = 1
+        while top > 0:
+            top -= 1
+            node = stack[top]
+            if room[node] < need or (use_second and room2[node] < need2):
+                continue
+            if node >= size:
+                leaf = node
+                break
+            stack[top] = 2 * node + 1  # right child visited after the left one
+            stack[top + 1] = 2 * node
+            top += 2
+        b = leaf - size
+        bin_of[item] = b
+        if b + 1 > num_bins:
+            num_bins = b + 1
+        room[leaf] -= need
+        node = leaf // 2
+        while node >= 1:
+            room[node] = max(room[2 * node], room[2 * node + 1])
+            node //= 2
+        if use_second:
+            room2[leaf] -= need2
+            node = leaf // 2
+            while node >= 1:
+                room2[node] = max(room2[2 * node], room2[2 * node + 1])
+                node //= 2
+    return num_bins
