@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import time
-from pathlib import Path
+
+from common import OUT, bench_spark, machine
 
 from mmpack_udfs import demo_data
 from mmpack_udfs.config import load_config
-from mmpack_udfs.spark import get_spark
 from mmpack_udfs.stages import normalize
-
-OUT = Path(__file__).resolve().parent / "out"
 
 
 def run_size(spark, samples: int, master: str) -> dict:
@@ -55,23 +51,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000])
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
-    spark = get_spark(
-        {
-            "master": args.master,
-            "log_level": "ERROR",
-            "conf": {
-                "spark.ui.enabled": "false",
-                "spark.driver.memory": "4g",
-                "spark.sql.shuffle.partitions": "8",
-            },
-        },
-    )
+    spark = bench_spark(args.master)
     results = [run_size(spark, n, args.master) for n in args.sizes]
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    report = {"machine": machine, "spark": spark.version, "results": results}
+    machine_line = machine()
+    report = {"machine": machine_line, "spark": spark.version, "results": results}
     (OUT / "normalize.json").write_text(json.dumps(report, indent=2))
-    print(f"machine: {machine}; Spark {spark.version}")
+    print(f"machine: {machine_line}; Spark {spark.version}")
     print("| records | media files | seconds | records/s |")
     print("|---:|---:|---:|---:|")
     for r in results:

@@ -19,6 +19,7 @@ from typing import Any
 from mmpack_udfs import fs, inputs, records, schemas, tables
 from mmpack_udfs.config import ConfigError, config_hash
 from mmpack_udfs.sharegpt import DatasetSpec
+from mmpack_udfs.stages import runs
 
 REPORT_NAME = "normalize.json"
 
@@ -48,7 +49,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     quarantine_uri = schemas.table_uri(output, "quarantine")
     mode = config["mode"]
 
-    previous = _previous_summary(output, run_id, mode, [samples_uri, quarantine_uri], s3)
+    previous = runs.previous_summary(output, REPORT_NAME, run_id, mode, [samples_uri, quarantine_uri], s3)
     if previous is not None:
         print(f"normalize: run {run_id} is already committed; nothing to do")
         print(format_summary(previous))
@@ -81,20 +82,8 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     summary = build_summary(run_id, output, counts, kept, samples, quarantine, len(files), len(splits))
     summary["seconds"] = round(time.time() - started, 2)
     reconcile(summary)
-    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
-    print(format_summary(summary))
+    runs.publish_summary(output, REPORT_NAME, summary, format_summary, s3)
     return summary
-
-
-def _previous_summary(output, run_id, mode, uris, s3) -> dict | None:
-    """The saved summary if every table already holds this run's commit as it should."""
-    if any(tables.committed_run(uri, run_id, mode, s3) is None for uri in uris):
-        return None
-    report = schemas.report_uri(output, REPORT_NAME)
-    if not fs.exists(report, s3):
-        return None
-    summary = json.loads(fs.read_bytes(report, s3))
-    return {**summary, "skipped": True} if summary.get("run_id") == run_id else None
 
 
 def _normalized_rows(spark, splits, specs, settings, s3):

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs.stages import runs
 from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_tokenizer
 
 REPORT_NAME = "tokenize.json"
@@ -40,6 +41,9 @@ UNIT_RESULT = pa.schema(
         ("modification_time", pa.int64()),
         ("rows_in", pa.int64()),
         ("parents", pa.int64()),
+        ("setup_seconds", pa.float64()),  # loading the tokenizer in a new Python worker
+        ("tokenize_seconds", pa.float64()),  # render + encode + assemble
+        ("seconds", pa.float64()),  # the whole unit: read, tokenize, write
     ]
 )
 
@@ -102,45 +106,65 @@ def tokenize_units(
     s3: fs.S3Options | None,
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: for each unit, tokenize its rows and write its two part files."""
+    started = time.perf_counter()
     tokenizer = worker_tokenizer(settings)
+    setup = time.perf_counter() - started
     for batch in batches:
         for unit in batch.to_pylist():
-            name = f"part-{unit['index']:05d}-{tag}.parquet"
-            counts = {"rows_in": 0, "parents": set()}
-            quarantined: list[dict] = []
+            yield _tokenize_unit(unit, tokenizer, tokenized_uri, quarantine_uri, tag, s3, setup)
+            setup = 0.0
 
-            def tokenized_batches(unit=unit, counts=counts, quarantined=quarantined):
-                filesystem, path = fs.filesystem(unit["uri"], s3)
-                with filesystem.open_input_file(path) as f:
-                    for rows in read_rows(pq.ParquetFile(f), unit["start"], unit["rows"], BATCH_ROWS):
-                        samples = rows.to_pylist()
-                        counts["rows_in"] += len(samples)
-                        done, rejected = tokenizer.tokenize(samples)
-                        quarantined.extend(rejected)
-                        counts["parents"].update(r.parent_id for r in done)
-                        if done:
-                            yield to_record_batch(done)
 
-            written = tables.write_part(tokenized_uri, name, tokenized_batches(), schemas.TOKENIZED, s3)
-            rejected = pa.RecordBatch.from_pylist(quarantined, schema=schemas.TOKENIZE_QUARANTINE)
-            written_q = tables.write_part(quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, s3)
-            if counts["rows_in"] != unit["rows"]:
-                raise RuntimeError(f"{unit['uri']}: read {counts['rows_in']} rows, expected {unit['rows']}")
-            results = [
-                {
-                    "table": "tokenized",
-                    **(written or _nothing(name)),
-                    "rows_in": unit["rows"],
-                    "parents": len(counts["parents"]),
-                },
-                {
-                    "table": "tokenize_quarantine",
-                    **(written_q or _nothing(name)),
-                    "rows_in": 0,
-                    "parents": 0,
-                },
-            ]
-            yield pa.RecordBatch.from_pylist(results, schema=UNIT_RESULT)
+def _tokenize_unit(unit, tokenizer, tokenized_uri, quarantine_uri, tag, s3, setup) -> pa.RecordBatch:
+    started = time.perf_counter()
+    name = f"part-{unit['index']:05d}-{tag}.parquet"
+    rows_in, parents, quarantined = 0, set(), []
+    tokenizing = 0.0
+
+    def tokenized_batches():
+        nonlocal rows_in, tokenizing
+        filesystem, path = fs.filesystem(unit["uri"], s3)
+        with filesystem.open_input_file(path) as f:
+            for rows in read_rows(pq.ParquetFile(f), unit["start"], unit["rows"], BATCH_ROWS):
+                samples = rows.to_pylist()
+                rows_in += len(samples)
+                begin = time.perf_counter()
+                done, rejected = tokenizer.tokenize(samples)
+                tokenizing += time.perf_counter() - begin
+                quarantined.extend(rejected)
+                parents.update(r.parent_id for r in done)
+                if done:
+                    yield to_record_batch(done)
+
+    written = tables.write_part(tokenized_uri, name, tokenized_batches(), schemas.TOKENIZED, s3)
+    rejected = pa.RecordBatch.from_pylist(quarantined, schema=schemas.TOKENIZE_QUARANTINE)
+    written_q = tables.write_part(quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, s3)
+    if rows_in != unit["rows"]:
+        raise RuntimeError(f"{unit['uri']}: read {rows_in} rows, expected {unit['rows']}")
+    seconds = {
+        "setup_seconds": setup,
+        "tokenize_seconds": tokenizing,
+        "seconds": time.perf_counter() - started,
+    }
+    results = [
+        {
+            "table": "tokenized",
+            **(written or _nothing(name)),
+            "rows_in": rows_in,
+            "parents": len(parents),
+            **seconds,
+        },
+        {
+            "table": "tokenize_quarantine",
+            **(written_q or _nothing(name)),
+            "rows_in": 0,
+            "parents": 0,
+            "setup_seconds": 0.0,
+            "tokenize_seconds": 0.0,
+            "seconds": 0.0,
+        },
+    ]
+    return pa.RecordBatch.from_pylist(results, schema=UNIT_RESULT)
 
 
 def _nothing(name: str) -> dict:
@@ -161,7 +185,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     run_id = config["run_id"] or derive_run_id(config, samples_uri, samples_version, settings.tokenizer_path)
     mode = config["mode"]
 
-    previous = _previous_summary(output, run_id, mode, list(out_uris.values()), s3)
+    previous = runs.previous_summary(output, REPORT_NAME, run_id, mode, list(out_uris.values()), s3)
     if previous is not None:
         print(f"tokenize: run {run_id} is already committed; nothing to do")
         print(format_summary(previous))
@@ -208,22 +232,16 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         "tokens": token_statistics(out_uris["tokenized"], s3),
         "reasons": _reasons(out_uris["tokenize_quarantine"], s3),
         "tables": {name: asdict(c) for name, c in commits.items()},
+        "task_seconds": {  # summed over tasks
+            "worker_setup": round(sum(r["setup_seconds"] for r in results), 2),
+            "tokenizer": round(sum(r["tokenize_seconds"] for r in results), 2),
+            "units": round(sum(r["seconds"] for r in results), 2),
+        },
         "seconds": round(time.time() - started, 2),
     }
     reconcile(summary)
-    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
-    print(format_summary(summary))
+    runs.publish_summary(output, REPORT_NAME, summary, format_summary, s3)
     return summary
-
-
-def _previous_summary(output, run_id, mode, uris, s3) -> dict | None:
-    if any(tables.committed_run(uri, run_id, mode, s3) is None for uri in uris):
-        return None
-    report = schemas.report_uri(output, REPORT_NAME)
-    if not fs.exists(report, s3):
-        return None
-    summary = json.loads(fs.read_bytes(report, s3))
-    return {**summary, "skipped": True} if summary.get("run_id") == run_id else None
 
 
 def token_statistics(tokenized_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
