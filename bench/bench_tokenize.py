@@ -33,7 +33,7 @@ from mmpack_udfs.stages import normalize, tokenize
 from mmpack_udfs.tokenization import SampleTokenizer, TokenizeSettings
 
 RAW = """
-import pickle, sys, time
+import json, pickle, sys, time
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
 texts = pickle.load(open(sys.argv[2], "rb"))
@@ -48,7 +48,7 @@ for name in ("encode_batch", "encode_batch_fast"):
         result["tokens"] = sum(len(e.ids) for e in encodings)
         del encodings
     result[name] = runs
-print(result)
+print(json.dumps(result))
 """
 
 
@@ -65,13 +65,13 @@ def raw_tokenizer(settings: TokenizeSettings, samples_uri: str, repeat: int) -> 
     path.write_bytes(pickle.dumps(texts))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "2"}
     out = subprocess.run(
-        [sys.executable, "-c", RAW, settings.tokenizer_path, str(path)],
+        [sys.executable, "-c", RAW, settings.tokenizer_path, str(path), str(repeat)],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return eval(out)  # a dict literal printed by our own script
+    return json.loads(out)
 
 
 def main() -> None:
