@@ -92,6 +92,16 @@ class SampleTokenizer:
         self.backend = self.hf.backend_tokenizer
         self.profile: Profile = make_profile(settings.profile_name, settings.profile)
         self.special = {tok: self._token_id(tok) for tok in self.profile.special_tokens()}
+        self._constants: dict[str, tuple[int, ...]] = {}
+
+    def _constant(self, text: str) -> tuple[int, ...]:
+        """Ids of a template string that recurs in every sample (role headers, newlines, the
+        default system prompt), encoded once: it is its own segment between special tokens."""
+        ids = self._constants.get(text)
+        if ids is None:
+            ids = tuple(self.backend.encode(text, add_special_tokens=False).ids)
+            self._constants[text] = ids
+        return ids
 
     def _token_id(self, token: str) -> int:
         token_id = self.hf.convert_tokens_to_ids(token)
@@ -108,37 +118,38 @@ class SampleTokenizer:
         self, system: str | None, turns: Sequence[Mapping[str, str]], plans: Sequence[MediaPlan]
     ) -> list[Piece]:
         """The pieces of one conversation; media plans are consumed in placeholder order."""
-        im_start, im_end = self.special["<|im_start|>"], self.special["<|im_end|>"]
+        im_start, im_end = (self.special["<|im_start|>"],), (self.special["<|im_end|>"],)
+        newline = self._constant("\n")
         pieces: list[Piece] = []
-        system = system if system is not None else self.profile.default_system
+        if system is None:
+            system = self.profile.default_system
         if system is not None:
-            pieces += [Piece(None, (im_start,)), Piece(f"system\n{system}"), Piece(None, (im_end,))]
-            pieces.append(Piece("\n"))
+            head = f"system\n{system}"
+            body = Piece(None, self._constant(head)) if system == self.profile.default_system else Piece(head)
+            pieces += [Piece(None, im_start), body, Piece(None, im_end), Piece(None, newline)]
         supervised = self._supervised_turns(turns)
         next_media = 0
         for t, turn in enumerate(turns):
             sup = t in supervised
             header = TEMPLATE_ROLE.get(turn["role"], turn["role"]) + "\n"
-            pieces.append(Piece(None, (im_start,), turn=t))
-            parts = PLACEHOLDER.split(turn["text"])
+            pieces.append(Piece(None, im_start, turn=t))
+            text = turn["text"]
+            parts = PLACEHOLDER.split(text) if "<" in text else (text,)
             for k, part in enumerate(parts):
                 if k % 2 == 1:  # a placeholder
                     pieces += self._media_pieces(plans[next_media], next_media, t)
                     next_media += 1
-                    continue
-                text = header + part if k == 0 else part
-                if not text:
-                    continue
-                if k == 0 and sup and part[:1].isspace():
-                    pieces.append(Piece(text, supervised=True, turn=t, header_chars=len(header)))
-                elif k == 0 and sup:
-                    pieces.append(Piece(header, turn=t))
+                elif k > 0:
                     if part:
-                        pieces.append(Piece(part, supervised=True, turn=t))
+                        pieces.append(Piece(part, supervised=sup, turn=t))
+                elif part[:1].isspace():  # may merge with the header's newline: encode together
+                    pieces.append(Piece(header + part, supervised=sup, turn=t, header_chars=len(header)))
                 else:
-                    pieces.append(Piece(text, supervised=sup and k > 0, turn=t))
-            pieces.append(Piece(None, (im_end,), supervised=sup, turn=t))
-            pieces.append(Piece("\n", turn=t))
+                    pieces.append(Piece(None, self._constant(header), turn=t))
+                    if part:
+                        pieces.append(Piece(part, supervised=sup, turn=t))
+            pieces.append(Piece(None, im_end, supervised=sup, turn=t))
+            pieces.append(Piece(None, newline, turn=t))
         if next_media != len(plans):
             raise Rejected(
                 Reason.PLACEHOLDER_MEDIA_MISMATCH, f"{next_media} placeholders, {len(plans)} media"
@@ -185,10 +196,12 @@ class SampleTokenizer:
                 elif p.header_chars:
                     enc = next(headed_enc)
                     ids += enc.ids
-                    first = next(
-                        (i for i, (a, _) in enumerate(enc.offsets) if a >= p.header_chars), len(enc.ids)
-                    )
-                    supervised.append((start + first, len(ids)))
+                    if p.supervised:
+                        offsets = enc.offsets
+                        first = next(
+                            (i for i, (a, _) in enumerate(offsets) if a >= p.header_chars), len(offsets)
+                        )
+                        supervised.append((start + first, len(ids)))
                 else:
                     ids += next(plain_ids).ids
                 if p.supervised and not p.header_chars:

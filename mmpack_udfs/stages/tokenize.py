@@ -30,7 +30,7 @@ from mmpack_udfs.stages import runs
 from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_tokenizer
 
 REPORT_NAME = "tokenize.json"
-BATCH_ROWS = 256
+BATCH_ROWS = 1024  # samples per tokenizer call: larger batches amortize per-call and GC costs
 UNIT = pa.schema([("index", pa.int32()), ("uri", pa.string()), ("start", pa.int64()), ("rows", pa.int64())])
 UNIT_RESULT = pa.schema(
     [

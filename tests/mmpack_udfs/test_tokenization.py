@@ -169,6 +169,29 @@ def test_image_token_count_equals_the_image_processor(tok, width, height):
     assert tok.profile.plan(image(width, height)).num_tokens == expected
 
 
+@pytest.mark.parametrize(
+    ("width", "height"),
+    [
+        (1, 1),
+        (10, 10),
+        (56, 56),
+        (57, 55),
+        (1, 150),
+        (199, 1),
+        (5000, 30),
+        (28, 5000),
+        (4000, 3000),
+        (8000, 8000),
+    ],
+)
+def test_image_token_count_at_the_edges(tok, width, height):
+    """Below min_pixels, far above max_pixels, and aspect ratios close to the 200 limit."""
+    expected = oracle.image_tokens(
+        Image.new("RGB", (width, height)), QWEN["image"]["min_pixels"], QWEN["image"]["max_pixels"]
+    )
+    assert tok.profile.plan(image(width, height)).num_tokens == expected
+
+
 def test_extreme_aspect_ratio_and_one_frame_video_are_quarantined(tok):
     done, quarantined = tok.tokenize(
         [
@@ -201,6 +224,12 @@ def test_loss_masks(loss, expected):
     result = one(tok, sample(["q1", "a1", "q2", "a2"], system="sys"))
     assert supervised_text(tok, result) == expected
     assert ((result.labels == IGNORE) | (result.labels == result.input_ids)).all()
+
+
+def test_whitespace_led_turns_keep_headers_unsupervised():
+    tok = make_tokenizer()
+    result = one(tok, sample([" \n spaced question", "\n\nspaced answer"]))
+    assert supervised_text(tok, result).strip() == "spaced answer<|im_end|>"
 
 
 def test_media_tokens_are_never_supervised():
