@@ -1,6 +1,6 @@
 """Tokenize-stage throughput on local Spark, side by side with the raw tokenizer.
 
-    .venv/bin/python bench/bench_tokenize.py --samples 190000 [--master local[2]]
+    .venv/bin/python bench/bench_tokenize.py --samples 200000 --rounds 3 [--master local[2]]
 
 1. Generates demo data and normalizes it (not timed) into bench/out/tokenize-run.
 2. Times the tokenize stage (`tokenize.run`: plan, Spark tasks that read samples,
@@ -8,6 +8,8 @@
 3. Renders the same samples on the driver and times the raw tokenizer on exactly the
    texts the stage encodes: `Tokenizer.encode_batch` with 2 threads, in a fresh process
    (TOKENIZERS_PARALLELISM=true, RAYON_NUM_THREADS=2).
+Steps 2 and 3 alternate for --rounds rounds (this machine's speed drifts over minutes);
+each round's ratio compares neighbouring runs, and the median round is reported.
 
 Throughput is encoded text tokens per second, the same count on both sides (media pad and
 special tokens cost the tokenizer nothing; the stage's total including them is reported too).
@@ -40,7 +42,7 @@ texts = pickle.load(open(sys.argv[2], "rb"))
 tok.encode_batch(texts[:2000], add_special_tokens=False)
 result = {}
 for name in ("encode_batch", "encode_batch_fast"):
-    runs = []
+    runs = []  # timed runs
     for _ in range(int(sys.argv[3])):
         started = time.perf_counter()
         encodings = getattr(tok, name)(texts, add_special_tokens=False)
@@ -52,7 +54,8 @@ print(json.dumps(result))
 """
 
 
-def raw_tokenizer(settings: TokenizeSettings, samples_uri: str, repeat: int) -> dict:
+def stage_texts(settings: TokenizeSettings, samples_uri: str) -> Path:
+    """The texts the stage hands the tokenizer, rendered on the driver and pickled."""
     tokenizer = SampleTokenizer(settings)
     texts = []
     for row in tables.read_arrow(samples_uri).to_pylist():
@@ -63,60 +66,87 @@ def raw_tokenizer(settings: TokenizeSettings, samples_uri: str, repeat: int) -> 
         texts += [p.text for p in tokenizer.render(row["system"], row["turns"], plans) if p.text]
     path = OUT / "tokenize-texts.pkl"
     path.write_bytes(pickle.dumps(texts))
+    return path
+
+
+def raw_tokenizer(tokenizer_path: str, texts: Path) -> dict:
+    """One timed run of encode_batch and of encode_batch_fast, 2 threads, in a fresh process."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "2"}
     out = subprocess.run(
-        [sys.executable, "-c", RAW, settings.tokenizer_path, str(path), str(repeat)],
+        [sys.executable, "-c", RAW, tokenizer_path, str(texts), "1"],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return json.loads(out)
+    result = json.loads(out)
+    return {
+        "tokens": result["tokens"],
+        "encode_batch": result["encode_batch"][0],
+        "encode_batch_fast": result["encode_batch_fast"][0],
+    }
+
+
+def demo_dataset(samples: int) -> demo_data.DemoData:
+    """Generate the demo data once per size; later runs reuse it (and its committed normalize)."""
+    root = OUT / f"tokenize-data-{samples}"
+    done = root / ".complete"
+    if done.exists():
+        return demo_data.DemoData(root, root / "mmpack.yaml", 0, 0, 0, 0)
+    data = demo_data.generate(root, samples=samples, seed=0, media_pool=2000)
+    done.write_text("ok")
+    return data
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--samples", type=int, default=190000)
+    parser.add_argument("--samples", type=int, default=200000)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--repeat", type=int, default=2, help="runs of each side; the best is compared")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved stage/raw rounds")
     args = parser.parse_args()
     spark = bench_spark(args.master, driver_memory="6g")
-    data = demo_data.generate(
-        OUT / f"tokenize-data-{args.samples}", samples=args.samples, seed=0, media_pool=2000
-    )
+    data = demo_dataset(args.samples)
     out = OUT / "tokenize-run"
-    config = load_config(data.config, [f"output={out}"])
-    normalize.run(spark, config)
+    normalize.run(spark, load_config(data.config, [f"output={out}"]))
+    settings_config = load_config(data.config, [f"output={out}"])
+    texts = stage_texts(TokenizeSettings.from_config(settings_config), table_uri(str(out), "samples"))
+    tokenizer_path = TokenizeSettings.from_config(settings_config).tokenizer_path
 
-    stage_runs = []
-    for _ in range(args.repeat):
+    # The machine's speed drifts by ±30 % over minutes, so the two sides alternate and each
+    # round's ratio compares runs made next to each other.
+    rounds = []
+    for _ in range(args.rounds):
+        raw = raw_tokenizer(tokenizer_path, texts)
         config = load_config(data.config, [f"output={out}", f"run_id=bench-{time.time_ns()}"])
         started = time.perf_counter()
         summary = tokenize.run(spark, config)
-        stage_runs.append((time.perf_counter() - started, summary["task_seconds"]))
-    stage_seconds, task_seconds = min(stage_runs)
+        stage = time.perf_counter() - started
+        rounds.append(
+            {
+                "stage_seconds": round(stage, 2),
+                "raw_encode_batch_seconds": round(raw["encode_batch"], 2),
+                "raw_encode_batch_fast_seconds": round(raw["encode_batch_fast"], 2),
+                "ratio": round(raw["encode_batch"] / stage, 3),
+                "task_seconds": summary["task_seconds"],
+            }
+        )
     tokens = summary["tokens"]
-
-    raw = raw_tokenizer(TokenizeSettings.from_config(config), table_uri(str(out), "samples"), args.repeat)
-    raw_seconds = min(raw["encode_batch"])
-    # The stage encodes exactly these texts (and adds literal special and media pad ids).
-    stage_rate, raw_rate = raw["tokens"] / stage_seconds, raw["tokens"] / raw_seconds
+    best_stage = min(r["stage_seconds"] for r in rounds)
+    best_raw = min(r["raw_encode_batch_seconds"] for r in rounds)
     report = {
         "machine": machine(),
         "spark": spark.version,
         "master": args.master,
         "samples": summary["counts"]["samples_in"],
-        "encoded_text_tokens": raw["tokens"],
+        "encoded_text_tokens": raw["tokens"],  # what both sides encode
         "text_tokens_with_specials": tokens["text"],
         "all_tokens": tokens["total"],
-        "stage_seconds_runs": [round(s, 2) for s, _ in stage_runs],
-        "stage_task_seconds_best_run": task_seconds,
-        "stage_text_tokens_per_s": round(stage_rate),
-        "stage_all_tokens_per_s": round(tokens["total"] / stage_seconds),
-        "raw_encode_batch_seconds_runs": [round(s, 2) for s in raw["encode_batch"]],
-        "raw_encode_batch_tokens_per_s": round(raw_rate),
-        "raw_encode_batch_fast_seconds_runs": [round(s, 2) for s in raw["encode_batch_fast"]],
-        "ratio_stage_to_encode_batch": round(stage_rate / raw_rate, 3),
+        "rounds": rounds,
+        "median_round_ratio": sorted(r["ratio"] for r in rounds)[len(rounds) // 2],
+        "best_stage_text_tokens_per_s": round(raw["tokens"] / best_stage),
+        "best_stage_all_tokens_per_s": round(tokens["total"] / best_stage),
+        "best_raw_encode_batch_tokens_per_s": round(raw["tokens"] / best_raw),
+        "ratio_of_bests": round(best_raw / best_stage, 3),
     }
     (OUT / "tokenize.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
