@@ -25,6 +25,7 @@ import pickle
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from common import OUT, bench_spark, machine
 
