@@ -192,6 +192,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         return previous
 
     units = plan_units(files, config["tokenize"]["rows_per_file"], s3)
+    planned = time.time()
     results: list[dict] = []
     if units:
         unit_df = spark.createDataFrame(pa.Table.from_pylist(units, schema=UNIT)).repartition(len(units))
@@ -204,6 +205,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
             s3=s3,
         )
         results = [r.asDict() for r in unit_df.mapInArrow(task, from_arrow_schema(UNIT_RESULT)).collect()]
+    tasks_done = time.time()
     commits = {}
     for name, uri in out_uris.items():
         written = [r for r in results if r["table"] == name and r["rows"] > 0]
@@ -230,6 +232,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         "units": len(units),
         "counts": counts,
         "tokens": token_statistics(out_uris["tokenized"], s3),
+        "stage_seconds": {"plan": round(planned - started, 2), "tasks": round(tasks_done - planned, 2)},
         "reasons": _reasons(out_uris["tokenize_quarantine"], s3),
         "tables": {name: asdict(c) for name, c in commits.items()},
         "task_seconds": {  # summed over tasks
