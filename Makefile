@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test lint bench-normalize clean
+.PHONY: setup java demo test lint bench-normalize bench-tokenize clean
 
 setup: java $(STAMP)
 
@@ -37,6 +37,9 @@ lint: setup
 
 bench-normalize: setup
 	$(BIN)/python bench/bench_normalize.py --sizes 10000 100000
+
+bench-tokenize: setup
+	$(BIN)/python bench/bench_tokenize.py --samples 200000 --rounds 3
 
 clean:
 	rm -rf $(VENV) $(OUT) bench/out
