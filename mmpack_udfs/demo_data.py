@@ -114,7 +114,7 @@ def _write_image(root: Path, index: int, rng: random.Random) -> str:
     path = root / "media" / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     image = _drawing(width, height, rng)
-    image.save(path, quality=85) if ext == "jpg" else image.save(path)
+    image.save(path, **({"quality": 85} if ext == "jpg" else {}))
     return rel
 
 

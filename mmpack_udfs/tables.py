@@ -117,26 +117,40 @@ def check_readable(table: DeltaTable, uri: str) -> None:
         )
 
 
-def data_files(uri: str, s3: fs.S3Options | None = None) -> tuple[int, list[str]]:
-    """The table version and the URIs of its current data files, after the safety checks."""
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of a table's log: its version, current data files and Arrow schema."""
+
+    version: int
+    files: list[str]
+    schema: pa.Schema
+
+
+def snapshot(uri: str, s3: fs.S3Options | None = None) -> Snapshot:
+    """The table's current state, after the safety checks (one pass over the Delta log)."""
     table = open_table(uri, s3)
     if table is None:
         raise TableError(f"no Delta table at {uri}")
     check_readable(table, uri)
-    return table.version(), sorted(table.file_uris())
+    return Snapshot(table.version(), sorted(table.file_uris()), pa.schema(table.schema().to_arrow()))
 
 
-def read_arrow(uri: str, s3: fs.S3Options | None = None) -> pa.Table:
-    """The whole table as Arrow on the driver (small tables, tests and reports)."""
-    _, files = data_files(uri, s3)
-    schema = open_table(uri, s3).schema().to_arrow()
-    schema = pa.schema(schema)
-    if not files:
+def data_files(uri: str, s3: fs.S3Options | None = None) -> tuple[int, list[str]]:
+    """The table version and the URIs of its current data files, after the safety checks."""
+    snap = snapshot(uri, s3)
+    return snap.version, snap.files
+
+
+def read_arrow(uri: str, s3: fs.S3Options | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+    """The table (or some of its columns) as Arrow on the driver: small tables, reports, tests."""
+    snap = snapshot(uri, s3)
+    schema = snap.schema if columns is None else pa.schema([snap.schema.field(c) for c in columns])
+    if not snap.files:
         return schema.empty_table()
     parts = []
-    for file in files:
+    for file in snap.files:
         filesystem, path = fs.filesystem(file, s3)
-        parts.append(pq.read_table(path, filesystem=filesystem))
+        parts.append(pq.read_table(path, columns=columns, filesystem=filesystem))
     return pa.concat_tables(parts, promote_options="permissive")
 
 
@@ -144,8 +158,8 @@ def read_table(spark, uri: str, s3: fs.S3Options | None = None):
     """A Spark DataFrame over the table's current files (local: Spark's Parquet reader)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    _, files = data_files(uri, s3)
-    arrow_schema = pa.schema(open_table(uri, s3).schema().to_arrow())
+    snap = snapshot(uri, s3)
+    files, arrow_schema = snap.files, snap.schema
     spark_schema = from_arrow_schema(arrow_schema)
     if not files:
         return spark.createDataFrame([], spark_schema)

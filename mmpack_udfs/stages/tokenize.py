@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from functools import partial
@@ -250,14 +251,9 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
 def token_statistics(tokenized_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
     """Token totals per modality and the length distribution, from the table's count columns."""
     columns = ["num_tokens", "text_tokens", "image_tokens", "video_tokens", "supervised_tokens"]
-    _, files = tables.data_files(tokenized_uri, s3)
-    parts = []
-    for uri in files:
-        filesystem, path = fs.filesystem(uri, s3)
-        parts.append(pq.read_table(path, columns=columns, filesystem=filesystem))
-    if not parts:
+    table = tables.read_arrow(tokenized_uri, s3, columns=columns)
+    if not table.num_rows:
         return {"total": 0}
-    table = pa.concat_tables(parts)
     lengths = table.column("num_tokens").to_numpy()
     totals = {c.removesuffix("_tokens"): int(table.column(c).to_numpy().sum(dtype=np.int64)) for c in columns}
     return {
@@ -272,8 +268,8 @@ def token_statistics(tokenized_uri: str, s3: fs.S3Options | None) -> dict[str, A
 
 
 def _reasons(quarantine_uri: str, s3: fs.S3Options | None) -> dict[str, int]:
-    reasons = tables.read_arrow(quarantine_uri, s3).column("reason").to_pylist()
-    return {r: reasons.count(r) for r in sorted(set(reasons))}
+    reasons = Counter(tables.read_arrow(quarantine_uri, s3, columns=["reason"]).column("reason").to_pylist())
+    return dict(sorted(reasons.items()))
 
 
 def reconcile(summary: Mapping[str, Any]) -> None:
