@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test lint bench-normalize bench-tokenize clean
+.PHONY: setup java demo test lint bench-normalize bench-tokenize bench-pack bench-pack-spark clean
 
 setup: java $(STAMP)
 
@@ -40,6 +40,13 @@ bench-normalize: setup
 
 bench-tokenize: setup
 	$(BIN)/python bench/bench_tokenize.py --samples 200000 --rounds 3
+
+bench-pack: setup
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python bench/bench_pack.py --items 10000000 --compare 1000000
+
+bench-pack-spark: setup
+	$(BIN)/python bench/bench_pack_spark.py --rows 1000000
 
 clean:
 	rm -rf $(VENV) $(OUT) bench/out

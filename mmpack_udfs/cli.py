@@ -40,9 +40,9 @@ def config_from_args(args: argparse.Namespace) -> dict:
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
     from mmpack_udfs.spark import get_spark
-    from mmpack_udfs.stages import normalize, tokenize
+    from mmpack_udfs.stages import normalize, pack, tokenize
 
-    modules = {"normalize": normalize, "tokenize": tokenize}
+    modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack}
     config = config_from_args(args)
     spark = get_spark(config["spark"], args.master)
     for stage in stages:
@@ -56,6 +56,18 @@ def run_normalize(args: argparse.Namespace) -> int:
 
 def run_tokenize(args: argparse.Namespace) -> int:
     return run_stages(args, ["tokenize"])
+
+
+def run_pack(args: argparse.Namespace) -> int:
+    return run_stages(args, ["pack"])
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from mmpack_udfs import fs, report
+
+    config = load_config(args.config, [])
+    report.write_report(fs.normalize_uri(args.out), fs.S3Options.from_config(config.get("s3")))
+    return EXIT_OK
 
 
 def run_demo_data(args: argparse.Namespace) -> int:
@@ -77,7 +89,14 @@ def run_demo(args: argparse.Namespace) -> int:
     demo = demo_data.generate(out / "input", samples=args.samples, seed=args.seed)
     print(f"demo data: {demo.records} records under {demo.root}")
     args.config, args.out = str(demo.config), str(out.resolve())
-    return run_stages(args, ["normalize", "tokenize"])
+    run_stages(args, ["normalize", "tokenize", "pack"])
+    try:  # the training side is optional: the `train` extra brings torch
+        from loader.__main__ import describe_epoch
+    except ImportError as err:
+        print(f"(skipping the loader epoch: {err})")
+        return EXIT_OK
+    describe_epoch(str(out.resolve() / "packed"))
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("tokenize", help="Delta samples → Delta tokenized (ids, labels, media spans)")
     add_config_options(p)
     p.set_defaults(func=run_tokenize)
+
+    p = commands.add_parser("pack", help="Delta tokenized → packed Parquet shards + manifest.json + report")
+    add_config_options(p)
+    p.set_defaults(func=run_pack)
+
+    p = commands.add_parser("report", help="print and write the packing report of an output root")
+    p.add_argument("out", metavar="OUT", help="output root of a pipeline run (local or s3://)")
+    p.add_argument("--config", metavar="FILE", help="YAML config (its s3 section is used)")
+    p.set_defaults(func=run_report)
 
     p = commands.add_parser("demo-data", help="generate a realistic demo dataset with real media")
     p.add_argument("dir", help="directory to write the dataset into")
@@ -118,12 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     except Exception as err:
         from mmpack_udfs.inputs import InputError
-        from mmpack_udfs.stages import normalize, tokenize
+        from mmpack_udfs.report import ReportError
+        from mmpack_udfs.stages import normalize, pack, tokenize
         from mmpack_udfs.tables import TableError
 
         failures = (
             InputError,
             TableError,
+            ReportError,
+            pack.PackError,
             normalize.ReconciliationError,
             tokenize.ReconciliationError,
         )

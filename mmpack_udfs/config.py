@@ -107,6 +107,7 @@ def validate(config: Mapping[str, Any]) -> None:
         _positive_int(norm[key], f"normalize.{key}")
     _positive_int(norm["video_check_frames"], "normalize.video_check_frames")
     _validate_tokenize(config)
+    _validate_pack(config["pack"])
     if not isinstance(config["datasets"], list):
         raise ConfigError("datasets must be a list")
     names = set()
@@ -128,6 +129,23 @@ def _validate_tokenize(config: Mapping[str, Any]) -> None:
     if section["profile"] not in config["profiles"]:
         known = ", ".join(sorted(config["profiles"]))
         raise ConfigError(f"tokenize.profile '{section['profile']}' is not a profile (known: {known})")
+
+
+def _validate_pack(section: Mapping[str, Any]) -> None:
+    if section["budget"] is not None:
+        _positive_int(section["budget"], "pack.budget")
+    for key in ("group_tokens", "bins_per_shard", "bins_per_row_group"):
+        _positive_int(section[key], f"pack.{key}")
+    choices = {"second_budget_by": ("none", "media_items", "vision_patches"), "oversize": ("error", "skip")}
+    for key, allowed in choices.items():
+        if section[key] not in allowed:
+            raise ConfigError(f"pack.{key} must be one of {', '.join(allowed)}, got {section[key]!r}")
+    if section["second_budget_by"] != "none":
+        _positive_int(section["second_budget"], "pack.second_budget")
+    if not isinstance(section["embed_media"], bool):
+        raise ConfigError(f"pack.embed_media must be true or false, got {section['embed_media']!r}")
+    if not isinstance(section["seed"], int) or isinstance(section["seed"], bool) or section["seed"] < 0:
+        raise ConfigError(f"pack.seed must be a non-negative integer, got {section['seed']!r}")
 
 
 def _validate_dataset(dataset: Any, i: int) -> None:

@@ -106,6 +106,60 @@ TOKENIZE_QUARANTINE = pa.schema(
     ]
 )
 
+# Packed shards: one row per bin (docs/FORMAT.md describes every field).
+SHARD_FORMAT = "mmpack-packed"
+SHARD_FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+SHARD_MEDIA = pa.struct(
+    [
+        ("sample_index", pa.int32()),  # which sample of the bin (index into sample_ids)
+        ("kind", pa.string()),
+        ("uri", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("grid_t", pa.int32()),
+        ("grid_h", pa.int32()),
+        ("grid_w", pa.int32()),
+        ("resized_height", pa.int32()),
+        ("resized_width", pa.int32()),
+        ("token_offset", pa.int32()),  # index of the first pad token in the bin's input_ids
+        ("num_tokens", pa.int32()),
+        ("frame_indices", pa.list_(pa.int32())),
+        ("data", pa.binary()),  # the file's bytes; null when the shard references media only
+    ]
+)
+
+SHARD = pa.schema(
+    [
+        pa.field("group", pa.int32(), nullable=False),  # packing group (one Spark task)
+        pa.field("bin", pa.int32(), nullable=False),  # bin index within its group
+        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),  # samples concatenated
+        pa.field("labels", pa.list_(pa.int32()), nullable=False),  # -100: not supervised
+        pa.field("cu_seqlens", pa.list_(pa.int32()), nullable=False),  # [0, l1, l1+l2, ..., tokens]
+        pa.field("sample_ids", pa.list_(pa.string()), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("num_samples", pa.int32(), nullable=False),
+        pa.field("image_tokens", pa.int32(), nullable=False),
+        pa.field("video_tokens", pa.int32(), nullable=False),
+        pa.field("supervised_tokens", pa.int32(), nullable=False),
+        pa.field("sum_sq_lengths", pa.int64(), nullable=False),  # attention cost: sum of l^2
+        pa.field("vision_patches", pa.int64(), nullable=False),  # 14 px patches before the 2x2 merge
+        pa.field("media", pa.list_(SHARD_MEDIA), nullable=False),
+    ]
+)
+
+# Per-bin figures: the columns a report or a rank balancer reads without touching tokens.
+SHARD_FIGURES = (
+    "num_tokens",
+    "num_samples",
+    "image_tokens",
+    "video_tokens",
+    "supervised_tokens",
+    "sum_sq_lengths",
+    "vision_patches",
+)
+
 TABLES = {
     "samples": SAMPLES,
     "quarantine": QUARANTINE,
@@ -127,3 +181,8 @@ def report_uri(output: str, name: str) -> str:
 def packed_uri(output: str) -> str:
     """``OUT/packed``: packed shards and manifest.json."""
     return fs.join(output, "packed")
+
+
+def manifest_uri(output: str) -> str:
+    """``OUT/packed/manifest.json``: the one file a reader opens; written last."""
+    return fs.join(packed_uri(output), MANIFEST_NAME)

@@ -101,3 +101,43 @@ def s3_bucket(s3_server, request):
     client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
     client.create_bucket(Bucket=name)
     return s3_server, name
+
+
+@pytest.fixture(scope="session")
+def tokenized_demo(spark, demo, tmp_path_factory):
+    """An output root holding the demo data's samples and tokenized tables (read-only for
+    tests: copy its ``tables`` folder to pack into a fresh root)."""
+    from mmpack_udfs.stages import normalize, tokenize
+
+    out = tmp_path_factory.mktemp("tokenized-demo")
+    config = demo_config(demo, out)
+    normalize.run(spark, config)
+    tokenize.run(spark, config)
+    return out
+
+
+def fresh_output(tokenized_demo, tmp_path):
+    """A new output root with a copy of the demo's Delta tables."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(tokenized_demo / "tables", out / "tables")
+    return out
+
+
+PACKED_DEMO_SETTINGS = (
+    "pack.budget=4096",
+    "pack.oversize=skip",
+    "pack.group_tokens=50000",
+    "pack.bins_per_row_group=2",
+)
+
+
+@pytest.fixture(scope="session")
+def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
+    """An output root with the demo data packed into many small bins and row groups."""
+    from mmpack_udfs.stages import pack
+
+    out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("packed-demo"))
+    pack.run(spark, demo_config(demo, out, *PACKED_DEMO_SETTINGS))
+    return out

@@ -8,8 +8,6 @@ input files ──plan (driver)──▶ splits ──read (tasks)──▶ raw 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -31,8 +29,7 @@ class ReconciliationError(RuntimeError):
 def derive_run_id(config: Mapping[str, Any], files: list[inputs.InputFile]) -> str:
     """A run id from the config and the input files' names, sizes and modification times."""
     listing = [[f.dataset, f.uri, f.size, f.mtime_ns] for f in files]
-    blob = json.dumps({"config": config_hash(config), "files": listing}, sort_keys=True)
-    return "normalize-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
+    return runs.run_id_from("normalize", {"config": config_hash(config), "files": listing})
 
 
 def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:

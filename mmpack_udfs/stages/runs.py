@@ -3,11 +3,18 @@ print its summary."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mmpack_udfs import fs, schemas, tables
+
+
+def run_id_from(stage: str, facts: Mapping[str, Any]) -> str:
+    """``<stage>-<hash>``: a run id that changes exactly when ``facts`` (JSON-able) change."""
+    blob = json.dumps(facts, sort_keys=True, default=str).encode()
+    return f"{stage}-{hashlib.sha256(blob).hexdigest()[:20]}"
 
 
 def previous_summary(

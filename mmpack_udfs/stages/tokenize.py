@@ -13,7 +13,6 @@ task rewrites identical files and the output follows the samples table's order.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -94,8 +93,7 @@ def derive_run_id(
         "tokenizer": tokenizer_hash,
         "mode": config["mode"],
     }
-    blob = json.dumps(relevant, sort_keys=True, default=str).encode()
-    return "tokenize-" + hashlib.sha256(blob).hexdigest()[:20]
+    return runs.run_id_from("tokenize", relevant)
 
 
 def tokenize_units(

@@ -30,6 +30,12 @@ def test_file_then_overrides(tmp_path):
         (["datasets=[{name: a}]"], "'paths' is required"),
         (["datasets=[{name: a, paths: x, media_root: m, colums: {}}]"], "unknown key"),
         (["datasets=[{name: a, paths: x, media_root: m, format: csv}]"], "format must be"),
+        (["pack.budget=0"], "pack.budget must be a positive integer"),
+        (["pack.oversize=truncate"], "pack.oversize must be one of error, skip"),
+        (["pack.second_budget_by=media_items"], "pack.second_budget must be a positive integer"),
+        (["pack.second_budget_by=frames"], "pack.second_budget_by must be one of"),
+        (["pack.embed_media=yes please"], "pack.embed_media must be true or false"),
+        (["pack.seed=-1"], "pack.seed must be a non-negative integer"),
     ],
 )
 def test_bad_config_is_a_clear_error(overrides, message):

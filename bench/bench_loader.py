@@ -1,0 +1,101 @@
+"""Loader throughput per worker: PackedDataset in one process (= one dataloader worker).
+
+    .venv/bin/python bench/bench_loader.py [--s3-shards 2]
+
+Sources (made by other steps, reused when present):
+  text    bench/out/pack-spark/packed (bench_pack_spark.py: 1 M text rows, ~204 M tokens)
+  images  bench/out/loader-demo/packed (`mmpack demo`, 2,000 samples with real images and
+          videos; every item decoded, resized and patchified to Qwen2-VL pixel values)
+Each is read from local disk and from a moto S3 server on loopback (its first
+--s3-shards shards, through a manifest naming only those). Default loader settings:
+shuffle (buffer 256), sha256 verification on first open. Tokens/s counts input_ids.
+Results: bench/out/loader.json; copy the table into bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import OUT, machine, moto_server
+
+from loader import PackedDataset
+
+
+def sub_manifest(packed: Path, shards: int) -> Path:
+    """A manifest beside the original that names only its first ``shards`` shards."""
+    manifest = json.loads((packed / "manifest.json").read_text())
+    manifest["shards"] = manifest["shards"][:shards]
+    path = packed / f"manifest-first-{shards}.json"
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def read_all(uri: str, with_media: bool, s3: dict | None = None, limit_s: float = 60.0) -> dict:
+    dataset = PackedDataset(uri, s3=s3, with_media=with_media)
+    started, bins, tokens = time.perf_counter(), 0, 0
+    for item in dataset:
+        bins += 1
+        tokens += len(item["input_ids"])
+        if time.perf_counter() - started > limit_s:
+            break
+    seconds = time.perf_counter() - started
+    return {"bins": bins, "tokens": tokens, "seconds": round(seconds, 2),
+            "bins_per_s": round(bins / seconds, 1), "tokens_per_s": round(tokens / seconds)}  # fmt: skip
+
+
+def upload(endpoint: str, bucket: str, packed: Path, manifest: Path) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    client.upload_file(str(manifest), bucket, "packed/manifest.json")
+    for shard in json.loads(manifest.read_text())["shards"]:
+        client.upload_file(str(packed / shard["path"]), bucket, f"packed/{shard['path']}")
+
+
+def ensure_image_demo() -> Path:
+    out = OUT / "loader-demo"
+    if not (out / "packed" / "manifest.json").exists():
+        command = [sys.executable, "-m", "mmpack_udfs.cli", "demo", "--out", str(out), "--master", "local[2]"]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return out / "packed"
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--s3-shards", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
+    sources = {"text": OUT / "pack-spark" / "packed", "images": ensure_image_demo()}
+    if not (sources["text"] / "manifest.json").exists():
+        sys.exit("run bench/bench_pack_spark.py first (it writes the text-only shards)")
+    rows = []
+    with moto_server() as endpoint:
+        s3 = {"endpoint_override": endpoint, "scheme": "http", "region": "us-east-1"}
+        for name, packed in sources.items():
+            media = name == "images"
+            rows.append({"data": name, "from": "local disk", **read_all(str(packed), media)})
+            print(json.dumps(rows[-1]))
+            bucket = f"bench-{name}"
+            upload(endpoint, bucket, packed, sub_manifest(packed, args.s3_shards))
+            remote = read_all(f"s3://{bucket}/packed", media, s3)
+            rows.append({"data": name, "from": "S3 (moto, loopback)", **remote})
+            print(json.dumps(rows[-1]))
+    (OUT / "loader.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2))
+    print("\n| data | from | bins | tokens | bins/s | tokens/s |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['data']} | {r['from']} | {r['bins']:,} | {r['tokens']:,} | {r['bins_per_s']:,} | "
+              f"{r['tokens_per_s'] / 1e6:.1f} M |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Pack-stage throughput on local Spark: a synthetic tokenized Delta table → shards + manifest.
+
+    .venv/bin/python bench/bench_pack_spark.py --rows 1000000 [--master local[2]]
+
+1. Writes (not timed, reused across runs) a tokenized Delta table of --rows text-only
+   rows: lengths lognormal(mean log 5.0, sigma 0.8) clipped to [8, 16384] (mean ≈ 200
+   tokens), random ids, the first half of every sample unsupervised; 10 files.
+2. Times `pack.run` with the default config (budget 16,384, group_tokens 50 M): the
+   driver's length pass, the Spark shuffle of full rows into packing groups, FFD per
+   group, shard assembly and writing (zstd), manifest, report.
+3. Compares the fill with one global FFD over the same lengths.
+Results: bench/out/pack_spark.json; copy the line into bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+
+import numpy as np
+import pyarrow as pa
+from common import OUT, bench_spark, machine
+
+from mmpack_udfs import schemas, tables
+from mmpack_udfs.config import load_config
+from mmpack_udfs.packing import first_fit_decreasing
+from mmpack_udfs.stages import pack
+
+FILES = 10
+
+
+def synthetic_table(out, rows: int, seed: int = 0) -> np.ndarray:
+    """Write the tokenized table under ``out`` (once); return its lengths."""
+    uri = schemas.table_uri(str(out), "tokenized")
+    marker = out / f".complete-{rows}"
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(5.0, 0.8, rows), 8, 16384).astype(np.int64)
+    if marker.exists():
+        return lengths
+    shutil.rmtree(out, ignore_errors=True)
+    written = []
+    for part, index in enumerate(np.array_split(np.arange(rows), FILES)):
+        written.append(
+            tables.write_part(
+                uri, f"part-{part:05d}.parquet", [_batch(index, lengths, rng)], schemas.TOKENIZED
+            )
+        )
+    tables.commit(uri, schemas.TOKENIZED, written, run_id="bench", mode="overwrite", rows=rows, s3=None)
+    marker.touch()
+    return lengths
+
+
+def _batch(index: np.ndarray, lengths: np.ndarray, rng) -> pa.RecordBatch:
+    part = lengths[index]
+    offsets = pa.array(np.concatenate([[0], np.cumsum(part)]).astype(np.int32))
+    ids = rng.integers(0, 150_000, int(part.sum())).astype(np.int32)
+    position = np.arange(len(ids)) - np.repeat(offsets.to_numpy()[:-1], part)
+    labels = np.where(position < np.repeat(part // 2, part), -100, ids).astype(np.int32)
+    n = len(index)
+    zeros = pa.array(np.zeros(n, np.int32))
+    columns = {
+        "sample_id": pa.array([f"bench-{i:09d}" for i in index]),
+        "parent_id": pa.array([f"bench-{i:09d}" for i in index]),
+        "dataset": pa.array(["bench"] * n),
+        "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids)),
+        "labels": pa.ListArray.from_arrays(offsets, pa.array(labels)),
+        "num_tokens": pa.array(part.astype(np.int32)),
+        "text_tokens": pa.array(part.astype(np.int32)),
+        "image_tokens": zeros,
+        "video_tokens": zeros,
+        "supervised_tokens": pa.array((part - part // 2).astype(np.int32)),
+        "media": pa.array([[]] * n, pa.list_(schemas.TOKENIZED_MEDIA)),
+    }
+    return pa.RecordBatch.from_arrays(list(columns.values()), schema=schemas.TOKENIZED)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+
+    out = OUT / "pack-spark"
+    started = time.perf_counter()
+    lengths = synthetic_table(out, args.rows)
+    took = time.perf_counter() - started
+    print(f"tokenized table: {args.rows:,} rows, {lengths.sum():,} tokens ({took:.1f} s)")
+    spark = bench_spark(args.master, driver_memory="6g")
+    config = load_config(None, [f"output={out}", "run_id=bench-pack"])
+    shutil.rmtree(out / "packed", ignore_errors=True)
+    started = time.perf_counter()
+    summary = pack.run(spark, config)
+    seconds = time.perf_counter() - started
+    budget = summary["budget"]
+    global_bins = first_fit_decreasing(lengths, budget).num_bins
+    result = {
+        "machine": machine(),
+        "master": args.master,
+        "rows": args.rows,
+        "tokens": int(lengths.sum()),
+        "seconds": round(seconds, 1),
+        "rows_per_s": round(args.rows / seconds),
+        "tokens_per_s": round(int(lengths.sum()) / seconds),
+        "groups": json.loads((out / "packed" / "manifest.json").read_text())["totals"]["groups"],
+        "bins": summary["bins"],
+        "fill": summary["fill"],
+        "global_ffd_bins": global_bins,
+        "global_ffd_fill": round(int(lengths.sum()) / (global_bins * budget), 6),
+        "shard_bytes": summary["bytes"],
+    }
+    print(json.dumps(result, indent=2))
+    (OUT / "pack_spark.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

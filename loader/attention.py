@@ -1,0 +1,58 @@
+"""Attention over packed sequences: each sample attends only to itself.
+
+``varlen_attention`` calls flash-attn's varlen kernel when flash-attn and CUDA are there;
+otherwise PyTorch's scaled_dot_product_attention with a block-diagonal mask (CPU too).
+Tensors use flash-attn's layout: q [T, heads, dim], k/v [T, kv_heads, dim].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def block_diagonal_mask(cu_seqlens: torch.Tensor, causal: bool = True) -> torch.Tensor:
+    """[T, T] bool, True where query i may attend key j: same sample (and j <= i if causal)."""
+    total = int(cu_seqlens[-1])
+    lengths = torch.diff(cu_seqlens.long())
+    sample = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths)
+    mask = sample[:, None] == sample[None, :]
+    if causal:
+        mask &= torch.ones(total, total, dtype=torch.bool, device=cu_seqlens.device).tril()
+    return mask
+
+
+def _flash_varlen():
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of packed samples, [T, heads, dim]; equal to attending each sample alone."""
+    flash = _flash_varlen() if q.is_cuda else None
+    if flash is not None:
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal, softmax_scale=softmax_scale)
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head across its query heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    mask = block_diagonal_mask(cu_seqlens.to(q.device), causal)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        attn_mask=mask,
+        scale=softmax_scale,
+    )
+    return out[0].transpose(0, 1)

@@ -1,0 +1,206 @@
+"""``PackedDataset``: a torch IterableDataset over the bins of a manifest.
+
+Per bin it yields ``input_ids``, ``labels`` (first token of every sample masked),
+``position_ids`` (restarting at 0 per sample), ``cu_seqlens`` (int32, [n + 1]),
+``max_seqlen``, ``sample_ids`` and, when the bin has media, the vision tensors
+(qwen2_vl: ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
+``video_grid_thw``, and 3-row ``mrope_position_ids``; internvl: ``pixel_values`` tiles
++ ``num_tiles``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loader import plan, vision
+from loader.source import ShardSource, load_manifest
+from mmpack_udfs import fs
+
+IGNORE = -100
+TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed, else RANK/WORLD_SIZE, else (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class PackedDataset(IterableDataset):
+    """Bins of ``manifest_uri`` (a manifest.json, its folder, or s3://...), each read exactly
+    once per epoch across ranks × workers, in a deterministic (seed, epoch) order."""
+
+    def __init__(
+        self,
+        manifest_uri: str,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int = 256,
+        rank: int | None = None,
+        world_size: int | None = None,
+        s3: fs.S3Options | Mapping[str, Any] | None = None,
+        verify: bool = True,
+        with_media: bool = True,
+    ) -> None:
+        super().__init__()
+        self.s3 = s3 if isinstance(s3, fs.S3Options) or s3 is None else fs.S3Options.from_config(s3)
+        self.manifest = load_manifest(fs.normalize_uri(manifest_uri), self.s3)
+        default_rank, default_world = distributed_rank()
+        self.rank = default_rank if rank is None else rank
+        self.world_size = default_world if world_size is None else world_size
+        self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
+        self.verify, self.with_media = verify, with_media
+        self.units = plan.units_of(self.manifest["shards"], self.manifest["bins_per_row_group"])
+        self.profile = self.manifest["config"]["profiles"][self.manifest["profile"]]
+        self.epoch, self._consumed, self._resume = 0, 0, None
+        self._source: ShardSource | None = None
+        plan.Slot(self.rank, self.world_size)  # validates rank < world size
+
+    # -- epochs and resumption ------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Bins this rank reads per epoch (all workers together)."""
+        slot = plan.Slot(self.rank, self.world_size)
+        return sum(u.rows for u in plan.worker_units(self.units, slot, self.seed, self.epoch, self.shuffle))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this reader (this worker, under a DataLoader) stands in its epoch."""
+        slot = self._slot()
+        return {
+            "epoch": self.epoch,
+            "consumed": self._consumed,
+            "seed": self.seed,
+            "slot": [slot.rank, slot.world_size, slot.worker, slot.num_workers],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next iteration continues the saved epoch after its consumed bins."""
+        if state["seed"] != self.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
+        self.epoch, self._resume = state["epoch"], dict(state)
+
+    def _slot(self) -> plan.Slot:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return plan.Slot(self.rank, self.world_size, worker, workers)
+
+    # -- iteration ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        slot = self._slot()
+        skip = 0
+        if self._resume is not None:
+            if self._resume["slot"] != [slot.rank, slot.world_size, slot.worker, slot.num_workers]:
+                raise ValueError(
+                    f"state was saved by reader slot {self._resume['slot']} (rank, world size, worker, "
+                    f"workers); resume with the same ranks and workers"
+                )
+            skip, self._resume = self._resume["consumed"], None
+        if self._source is None:
+            self._source = ShardSource(self.manifest, self.s3, self.verify)
+        units = plan.worker_units(self.units, slot, self.seed, self.epoch, self.shuffle)
+        order = plan.item_order(units, slot, self.seed, self.epoch, self.shuffle_buffer, self.shuffle)
+        remaining = np.bincount([u for u, _ in order], minlength=len(units))
+        for u, _ in order[:skip]:
+            remaining[u] -= 1
+        loaded: dict[int, _RowGroup] = {}
+        self._consumed = skip
+        for u, row in order[skip:]:
+            if u not in loaded:
+                loaded[u] = _RowGroup(self._source, units[u], self.with_media)
+            item = loaded[u].item(row, self.profile, self._source.s3)
+            remaining[u] -= 1
+            if not remaining[u]:
+                del loaded[u]
+            self._consumed += 1
+            yield item
+        self._consumed = 0
+
+
+class _RowGroup:
+    """One row group's columns as numpy views, to cut bins out of without per-token work."""
+
+    def __init__(self, source: ShardSource, unit: plan.Unit, with_media: bool) -> None:
+        columns = TOKEN_COLUMNS + (["media"] if with_media else [])
+        table = source.read(unit.shard, unit.row_group, columns).combine_chunks()
+        self.lists = {}
+        for name in ("input_ids", "labels", "cu_seqlens"):
+            array = table.column(name).chunk(0)
+            self.lists[name] = (array.offsets.to_numpy(), array.values.to_numpy())
+        self.sample_ids = table.column("sample_ids").chunk(0)
+        self.media = table.column("media").chunk(0) if with_media else None
+
+    def _list(self, name: str, row: int) -> np.ndarray:
+        offsets, values = self.lists[name]
+        return values[offsets[row] : offsets[row + 1]]
+
+    def item(self, row: int, profile: Mapping[str, Any], s3: fs.S3Options | None) -> dict[str, Any]:
+        ids = torch.from_numpy(self._list("input_ids", row).astype(np.int64))
+        labels = self._list("labels", row).astype(np.int64)
+        cu = self._list("cu_seqlens", row)
+        lengths = np.diff(cu)
+        labels[cu[:-1]] = IGNORE  # a sample's first token is never the target of the previous one
+        positions = np.arange(cu[-1]) - np.repeat(cu[:-1], lengths)
+        item = {
+            "input_ids": ids,
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(positions),
+            "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+            "max_seqlen": int(lengths.max()),
+            "sample_ids": self.sample_ids[row].as_py(),
+        }
+        media = self.media[row].as_py() if self.media is not None else []
+        if profile["kind"] == "qwen2_vl":
+            item.update(_qwen2_vl_media(media, cu, s3))
+        elif media:
+            item.update(_internvl_media(media, profile, s3))
+        return item
+
+
+def _media_bytes(item: Mapping[str, Any], s3: fs.S3Options | None) -> bytes:
+    return item["data"] if item["data"] is not None else fs.read_bytes(item["uri"], s3)
+
+
+def _frames(item: Mapping[str, Any], s3: fs.S3Options | None) -> list:
+    data = _media_bytes(item, s3)
+    if item["kind"] == "image":
+        return [vision.decode_image(data)]
+    return vision.decode_frames(data, item["frame_indices"], item["uri"])
+
+
+def _qwen2_vl_media(media: list[dict], cu: np.ndarray, s3: fs.S3Options | None) -> dict[str, Any]:
+    """Pixel patches and grids per kind, and the per-sample 3-D rotary positions."""
+    out: dict[str, Any] = {}
+    for kind, pixels_key, grid_key in (
+        ("image", "pixel_values", "image_grid_thw"),
+        ("video", "pixel_values_videos", "video_grid_thw"),
+    ):
+        items = [m for m in media if m["kind"] == kind]
+        if items:
+            patches = [vision.qwen2_vl_patches(_frames(m, s3), m) for m in items]
+            out[pixels_key] = torch.from_numpy(np.concatenate(patches))
+            out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
+    rows = []
+    for i in range(len(cu) - 1):
+        mine = [{**m, "token_offset": m["token_offset"] - cu[i]} for m in media if m["sample_index"] == i]
+        rows.append(vision.mrope_positions(int(cu[i + 1] - cu[i]), mine))
+    out["mrope_position_ids"] = torch.from_numpy(np.concatenate(rows, axis=1))
+    return out
+
+
+def _internvl_media(media: list[dict], profile: Mapping[str, Any], s3: fs.S3Options | None) -> dict[str, Any]:
+    image = profile["image"]
+    tiles = [vision.internvl_tiles(_frames(m, s3), m, image["tile_size"], image["thumbnail"]) for m in media]
+    return {
+        "pixel_values": torch.from_numpy(np.concatenate(tiles)),
+        "num_tiles": torch.tensor([len(t) for t in tiles]),
+    }

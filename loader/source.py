@@ -1,0 +1,85 @@
+"""The manifest and its shards, local or on S3: format checks, sha256 checks, row-group reads.
+
+One ``ShardSource`` per process (each dataloader worker builds its own, lazily): the
+pyarrow filesystem is created on first use, never pickled, and credentials come from the
+standard AWS chain inside pyarrow (nothing here sees or logs them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mmpack_udfs import fs, schemas
+
+READ_CHUNK = 8 << 20
+
+
+class ShardError(RuntimeError):
+    """A manifest or shard is missing, of an unknown format, or not what the manifest says."""
+
+
+def load_manifest(manifest_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
+    """Read and check manifest.json (a path, a folder holding it, or s3://...)."""
+    uri = manifest_uri if manifest_uri.endswith(".json") else fs.join(manifest_uri, schemas.MANIFEST_NAME)
+    try:
+        manifest = json.loads(fs.read_bytes(uri, s3))
+    except FileNotFoundError as err:
+        raise ShardError(f"no manifest at {uri}") from err
+    except OSError as err:
+        raise ShardError(f"cannot read the manifest {uri}: {err}") from err
+    if manifest.get("format") != schemas.SHARD_FORMAT:
+        raise ShardError(f"{uri} is not an mmpack manifest (format {manifest.get('format')!r})")
+    if manifest.get("format_version") != schemas.SHARD_FORMAT_VERSION:
+        raise ShardError(
+            f"{uri} has format version {manifest.get('format_version')}; this loader reads version "
+            f"{schemas.SHARD_FORMAT_VERSION}"
+        )
+    manifest["_root"] = uri.rsplit("/", 1)[0]
+    return manifest
+
+
+class ShardSource:
+    """Opens the manifest's shards on demand, verifies each once, reads row groups."""
+
+    def __init__(self, manifest: Mapping[str, Any], s3: fs.S3Options | None, verify: bool) -> None:
+        self.manifest, self.s3, self.verify = manifest, s3, verify
+        self._files: dict[int, pq.ParquetFile] = {}
+
+    def uri(self, shard: int) -> str:
+        return fs.join(self.manifest["_root"], self.manifest["shards"][shard]["path"])
+
+    def read(self, shard: int, row_group: int, columns: list[str]) -> pa.Table:
+        return self._open(shard).read_row_group(row_group, columns=columns)
+
+    def _open(self, shard: int) -> pq.ParquetFile:
+        if shard not in self._files:
+            uri = self.uri(shard)
+            filesystem, path = fs.filesystem(uri, self.s3)
+            try:
+                if self.verify:
+                    self._check(shard, uri, filesystem, path)
+                self._files[shard] = pq.ParquetFile(filesystem.open_input_file(path))
+            except FileNotFoundError as err:
+                raise ShardError(f"shard {uri} named by the manifest is missing") from err
+            except OSError as err:  # S3 reports a missing key as an OSError
+                raise ShardError(f"shard {uri} named by the manifest cannot be read: {err}") from err
+        return self._files[shard]
+
+    def _check(self, shard: int, uri: str, filesystem, path: str) -> None:
+        expected = self.manifest["shards"][shard]
+        digest, size = hashlib.sha256(), 0
+        with filesystem.open_input_stream(path) as f:
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        if size != expected["bytes"] or digest.hexdigest() != expected["sha256"]:
+            raise ShardError(
+                f"shard {uri} does not match the manifest: {size} bytes, sha256 {digest.hexdigest()} "
+                f"(manifest: {expected['bytes']} bytes, sha256 {expected['sha256']})"
+            )

@@ -1,0 +1,115 @@
+"""Media bytes → the vision tensors a model expects, at exactly the grid stored in the shard;
+and Qwen2-VL's 3-D rotary positions. numpy only; the dataset turns results into tensors.
+
+Qwen2-VL: resize to (resized_height, resized_width) with PIL bicubic, scale to [0, 1],
+normalize with the CLIP mean/std, cut into 14-px patches grouped 2 × 2 (spatial merge)
+and 2 frames deep (images repeat their one frame): one row of 3·2·14·14 = 1176 values per
+patch, grid_t · grid_h · grid_w rows per item, so merged tokens = rows / 4 = pad tokens.
+InternVL: 448-px tiles (ImageNet mean/std) in the stored tile grid, plus the thumbnail.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+
+import numpy as np
+from PIL import Image
+
+CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
+CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+PATCH, MERGE, TEMPORAL = 14, 2, 2
+
+
+class MediaDecodeError(RuntimeError):
+    """A stored media item could not be decoded into the frames its grid needs."""
+
+
+def decode_image(data: bytes) -> Image.Image:
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
+
+
+def decode_frames(data: bytes, indices: list[int], uri: str) -> list[Image.Image]:
+    """The frames at ``indices`` of a video file's bytes, as RGB images (OpenCV needs a file)."""
+    import cv2
+
+    suffix = os.path.splitext(uri)[1] or ".mp4"
+    with tempfile.NamedTemporaryFile(suffix=suffix) as f:
+        f.write(data)
+        f.flush()
+        capture = cv2.VideoCapture(f.name)
+        frames, wanted, index = {}, set(indices), 0
+        try:
+            while len(frames) < len(wanted):
+                ok, frame = capture.read()
+                if not ok:
+                    break
+                if index in wanted:
+                    frames[index] = Image.fromarray(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+                index += 1
+        finally:
+            capture.release()
+    missing = sorted(wanted - frames.keys())
+    if missing:
+        raise MediaDecodeError(f"{uri}: frames {missing[:5]} could not be decoded ({index} frames read)")
+    return [frames[i] for i in indices]
+
+
+def _normalized(image: Image.Image, height: int, width: int, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """[3, height, width] float32: resized (bicubic), scaled to [0, 1], normalized."""
+    resized = np.asarray(image.resize((width, height), Image.Resampling.BICUBIC), np.float32)
+    return ((resized * np.float32(1 / 255) - mean) / std).transpose(2, 0, 1)
+
+
+def qwen2_vl_patches(frames: list[Image.Image], item: dict) -> np.ndarray:
+    """[grid_t · grid_h · grid_w, 1176] patches of one image (one frame) or video."""
+    t, h, w = item["grid_t"], item["grid_h"], item["grid_w"]
+    height, width = item["resized_height"], item["resized_width"]
+    if (height // PATCH, width // PATCH) != (h, w):
+        raise MediaDecodeError(f"{item['uri']}: grid {h}x{w} does not match resized size {height}x{width}")
+    pixels = np.stack([_normalized(f, height, width, CLIP_MEAN, CLIP_STD) for f in frames])
+    if len(frames) == 1:
+        pixels = np.repeat(pixels, TEMPORAL * t, axis=0)
+    if len(pixels) != TEMPORAL * t:
+        raise MediaDecodeError(f"{item['uri']}: {len(pixels)} frames for grid_t {t}")
+    patches = pixels.reshape(t, TEMPORAL, 3, h // MERGE, MERGE, PATCH, w // MERGE, MERGE, PATCH)
+    patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(patches.reshape(t * h * w, 3 * TEMPORAL * PATCH * PATCH))
+
+
+def internvl_tiles(frames: list[Image.Image], item: dict, tile_size: int, thumbnail: bool) -> np.ndarray:
+    """[tiles, 3, tile_size, tile_size]: images in their stored rows × columns grid (plus a
+    thumbnail when split), video frames one tile each."""
+    if item["kind"] == "video":
+        return np.stack([_normalized(f, tile_size, tile_size, IMAGENET_MEAN, IMAGENET_STD) for f in frames])
+    rows, cols = item["grid_h"], item["grid_w"]
+    whole = _normalized(frames[0], rows * tile_size, cols * tile_size, IMAGENET_MEAN, IMAGENET_STD)
+    tiles = whole.reshape(3, rows, tile_size, cols, tile_size).transpose(1, 3, 0, 2, 4)
+    tiles = tiles.reshape(rows * cols, 3, tile_size, tile_size)
+    if thumbnail and rows * cols > 1:
+        thumb = _normalized(frames[0], tile_size, tile_size, IMAGENET_MEAN, IMAGENET_STD)
+        tiles = np.concatenate([tiles, thumb[None]])
+    return np.ascontiguousarray(tiles)
+
+
+def mrope_positions(length: int, media: list[dict]) -> np.ndarray:
+    """[3, length] Qwen2-VL rotary positions of one sample (transformers' get_rope_index):
+    text advances all three rows by one per token; a vision item of merged grid t × h × w
+    takes (start + t index, start + row, start + column) and advances by max(h, w)."""
+    rows, cursor, position = [], 0, 0
+    for item in sorted(media, key=lambda m: m["token_offset"]):
+        offset = item["token_offset"]
+        text = np.arange(offset - cursor) + position
+        rows.append(np.broadcast_to(text, (3, len(text))))
+        position += offset - cursor
+        t, h, w = item["grid_t"], item["grid_h"] // MERGE, item["grid_w"] // MERGE
+        grid = np.stack(np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
+        rows.append(grid + position)
+        position += max(h, w)
+        cursor = offset + t * h * w
+    rows.append(np.broadcast_to(np.arange(length - cursor) + position, (3, length - cursor)))
+    return np.concatenate(rows, axis=1).astype(np.int64)

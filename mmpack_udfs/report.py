@@ -1,0 +1,172 @@
+"""The packing report: how well the bins are filled and how evenly they cost, from the shards.
+
+``mmpack report OUT`` (and the pack job) read manifest.json and the shards' per-bin
+figure columns (never the tokens) and write ``OUT/report/pack.json`` plus two PNG plots.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mmpack_udfs import fs, schemas
+
+REPORT_NAME = "pack.json"
+FILL_PLOT, LENGTHS_PLOT = "bin_fill.png", "lengths.png"
+
+
+class ReportError(RuntimeError):
+    """There is no published packing to report on."""
+
+
+def read_manifest(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
+    uri = schemas.manifest_uri(output)
+    if not fs.exists(uri, s3):
+        raise ReportError(f"no manifest at {uri}: run the pack stage first")
+    return json.loads(fs.read_bytes(uri, s3))
+
+
+def read_figures(output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None = None) -> pa.Table:
+    """Per-bin figure columns and cu_seqlens of every shard, in manifest order."""
+    root = schemas.packed_uri(output)
+    columns = [*schemas.SHARD_FIGURES, "cu_seqlens"]
+    parts = []
+    for shard in manifest["shards"]:
+        filesystem, path = fs.filesystem(fs.join(root, shard["path"]), s3)
+        parts.append(pq.read_table(path, columns=columns, filesystem=filesystem))
+    empty = pa.schema([schemas.SHARD.field(c) for c in columns]).empty_table()
+    return pa.concat_tables(parts) if parts else empty
+
+
+def statistics(manifest: Mapping[str, Any], figures: pa.Table) -> dict[str, Any]:
+    """Fill, bins vs the lower bound, samples per bin, token shares and attention-cost spread."""
+    budget, totals = manifest["budget"], manifest["totals"]
+    tokens = figures.column("num_tokens").to_numpy().astype(np.int64)
+    bins, total = len(tokens), int(tokens.sum())
+    lower_bound = -(-total // budget)
+    if not bins:
+        return {"bins": 0, "tokens": 0, "samples": 0, "budget": budget, "skipped": totals["skipped"]}
+    samples = figures.column("num_samples").to_numpy()
+    cost = figures.column("sum_sq_lengths").to_numpy().astype(np.float64)
+    image, video = (int(pc.sum(figures.column(c)).as_py()) for c in ("image_tokens", "video_tokens"))
+    return {
+        "budget": budget,
+        "bins": bins,
+        "lower_bound_bins": lower_bound,
+        "extra_bins": bins - lower_bound,
+        "tokens": total,
+        "samples": int(samples.sum()),
+        "skipped": totals["skipped"],
+        "fill": round(total / (bins * budget), 6),
+        "fill_of_lower_bound": round(lower_bound / bins, 6),
+        "samples_per_bin": _spread(samples),
+        "tokens_per_bin": _spread(tokens),
+        "token_share": {
+            "text": round((total - image - video) / total, 6),
+            "image": round(image / total, 6),
+            "video": round(video / total, 6),
+        },
+        "supervised_share": round(int(pc.sum(figures.column("supervised_tokens")).as_py()) / total, 6),
+        "attention_cost": {  # sum of squared sample lengths per bin
+            **_spread(cost),
+            "max_over_mean": round(float(cost.max() / cost.mean()), 4),
+            "cv": round(float(cost.std() / cost.mean()), 4),
+        },
+        "vision_patches_per_bin": _spread(figures.column("vision_patches").to_numpy()),
+    }
+
+
+def _spread(values: np.ndarray) -> dict[str, float]:
+    return {
+        "mean": round(float(values.mean()), 2),
+        "min": float(values.min()),
+        "p50": float(np.percentile(values, 50)),
+        "p99": float(np.percentile(values, 99)),
+        "max": float(values.max()),
+    }
+
+
+def sample_lengths(figures: pa.Table) -> np.ndarray:
+    """Every packed sample's length, from the bins' cu_seqlens."""
+    cu = figures.column("cu_seqlens").combine_chunks()
+    values = cu.flatten().to_numpy().astype(np.int64)
+    lengths = np.diff(values)
+    starts = cu.offsets.to_numpy()[1:-1] - 1  # the diff across a bin boundary is not a length
+    return np.delete(lengths, starts) if len(starts) else lengths
+
+
+def plot(figures: pa.Table, budget: int) -> dict[str, bytes]:
+    """PNG plots: the bin-fill histogram and the sample-length histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = {}
+    fill = figures.column("num_tokens").to_numpy() / budget
+    lengths = sample_lengths(figures)
+    for name, values, xlabel, title in (
+        (FILL_PLOT, fill, "bin fill (tokens / budget)", f"Bin fill, {len(fill):,} bins"),
+        (LENGTHS_PLOT, lengths, "sample length (tokens)", f"Sample lengths, {len(lengths):,} samples"),
+    ):
+        figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
+        axes.hist(values, bins=50, color="#3b75af")
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel("count")
+        axes.set_title(title)
+        figure.tight_layout()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", metadata={"Software": None})
+        plt.close(figure)
+        plots[name] = buffer.getvalue()
+    return plots
+
+
+def write_report(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
+    """Compute, write (JSON + PNGs under OUT/report) and print the packing report."""
+    manifest = read_manifest(output, s3)
+    figures = read_figures(output, manifest, s3)
+    summary = {
+        "stage": "pack",
+        "run_id": manifest["run_id"],
+        "manifest": schemas.manifest_uri(output),
+        "source": manifest["source"],
+        "shards": manifest["totals"]["shards"],
+        "bytes": manifest["totals"]["bytes"],
+        **statistics(manifest, figures),
+    }
+    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
+    if figures.num_rows:
+        for name, png in plot(figures, manifest["budget"]).items():
+            fs.write_bytes(schemas.report_uri(output, name), png, s3)
+    print(format_report(summary))
+    return summary
+
+
+def format_report(s: Mapping[str, Any]) -> str:
+    lines = [f"pack  run {s['run_id']}  budget {s['budget']:,} tokens"]
+    if not s["bins"]:
+        return "\n".join([*lines, "  no bins (no tokenized rows)"])
+    share = s["token_share"]
+    cost = s["attention_cost"]
+    lines += [
+        f"  {s['samples']:,} samples → {s['bins']:,} bins in {s['shards']} shard(s), "
+        f"{s['bytes'] / 2**20:,.1f} MiB"
+        + (f"; {s['skipped']} skipped as over budget" if s["skipped"] else ""),
+        f"  fill {100 * s['fill']:.2f} %  (bins {s['bins']:,} vs lower bound {s['lower_bound_bins']:,}: "
+        f"+{s['extra_bins']})",
+        f"  samples per bin: mean {s['samples_per_bin']['mean']}, min {s['samples_per_bin']['min']:.0f}, "
+        f"max {s['samples_per_bin']['max']:.0f}",
+        f"  tokens {s['tokens']:,}: text {100 * share['text']:.1f} %, image {100 * share['image']:.1f} %, "
+        f"video {100 * share['video']:.1f} %; supervised {100 * s['supervised_share']:.1f} %",
+        f"  attention cost (sum of l² per bin): max/mean {cost['max_over_mean']}, cv {cost['cv']}",
+        f"  manifest: {s['manifest']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""Packed shards: turn tokenized rows + a packing into bin rows, and write them as Parquet.
+
+Bins are built column-wise with Arrow and numpy: the rows of a shard are taken in bin
+order, so the flattened ``input_ids`` of the taken rows already are the concatenated
+bins; only list offsets are computed. The one per-item Python loop reads media files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mmpack_udfs import fs, schemas
+
+VISION_PATCHES_PER_TOKEN = 4  # both profiles merge 2 x 2 patches of 14 px into one token
+
+# What the pack stage needs from the tokenized table.
+TOKENIZED_COLUMNS = [
+    "sample_id",
+    "input_ids",
+    "labels",
+    "num_tokens",
+    "image_tokens",
+    "video_tokens",
+    "supervised_tokens",
+    "media",
+]
+
+
+@dataclass(frozen=True)
+class BinLayout:
+    """Rows of a group in bin order, and where each bin starts in that order."""
+
+    rows: np.ndarray  # row indices of the group table, bin after bin
+    bin_starts: np.ndarray  # [num_bins + 1] offsets into ``rows``
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.bin_starts) - 1
+
+
+def layout(bin_of: np.ndarray, lengths: np.ndarray, bin_order: np.ndarray) -> BinLayout:
+    """Rows grouped by bin in ``bin_order`` (bin_order[k] = the packer's bin written k-th);
+    within a bin, samples in the order the packer placed them (longest first, then row)."""
+    position = np.empty(len(bin_order), np.int64)
+    position[bin_order] = np.arange(len(bin_order))
+    packed = np.flatnonzero(bin_of >= 0)
+    new_bin = position[bin_of[packed]]
+    rows = packed[np.lexsort((packed, -lengths[packed], new_bin))]
+    counts = np.bincount(new_bin, minlength=len(bin_order))
+    return BinLayout(rows=rows, bin_starts=np.concatenate([[0], np.cumsum(counts)]))
+
+
+def build_bins(
+    group_rows: pa.Table,
+    lay: BinLayout,
+    first_bin: int,
+    end_bin: int,
+    *,
+    group: int,
+    read_media: Callable[[str], bytes] | None,
+) -> pa.RecordBatch:
+    """Shard rows for bins [first_bin, end_bin) of ``lay`` (bins are never empty)."""
+    lo, hi = lay.bin_starts[first_bin], lay.bin_starts[end_bin]
+    taken = group_rows.take(pa.array(lay.rows[lo:hi])).combine_chunks()
+    row_offsets = (lay.bin_starts[first_bin : end_bin + 1] - lo).astype(np.int64)
+    num_bins = end_bin - first_bin
+    lengths = taken.column("num_tokens").to_numpy().astype(np.int64)
+    bin_index = np.repeat(np.arange(num_bins), np.diff(row_offsets))
+    token_starts = np.concatenate([[0], np.cumsum(lengths)])  # of each row, within the shard
+    bin_token_offsets = token_starts[row_offsets]
+    start_in_bin = token_starts[:-1] - bin_token_offsets[bin_index]
+
+    def per_bin(values: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(values, row_offsets[:-1]) if len(values) else np.zeros(0, values.dtype)
+
+    def column(name: str) -> np.ndarray:
+        return taken.column(name).to_numpy().astype(np.int64)
+
+    bin_tokens = per_bin(lengths)
+    vision = per_bin(column("image_tokens") + column("video_tokens"))
+    columns = {
+        "group": pa.array(np.full(num_bins, group, np.int32)),
+        "bin": pa.array(np.arange(first_bin, end_bin, dtype=np.int32)),
+        "input_ids": _rebase(taken.column("input_ids"), bin_token_offsets),
+        "labels": _rebase(taken.column("labels"), bin_token_offsets),
+        "cu_seqlens": _cu_seqlens(start_in_bin, bin_tokens, row_offsets),
+        "sample_ids": pa.ListArray.from_arrays(
+            pa.array(row_offsets.astype(np.int32)), taken.column("sample_id").chunk(0)
+        ),
+        "num_tokens": pa.array(bin_tokens.astype(np.int32)),
+        "num_samples": pa.array(np.diff(row_offsets).astype(np.int32)),
+        "image_tokens": pa.array(per_bin(column("image_tokens")).astype(np.int32)),
+        "video_tokens": pa.array(per_bin(column("video_tokens")).astype(np.int32)),
+        "supervised_tokens": pa.array(per_bin(column("supervised_tokens")).astype(np.int32)),
+        "sum_sq_lengths": pa.array(per_bin(lengths * lengths)),
+        "vision_patches": pa.array(vision * VISION_PATCHES_PER_TOKEN),
+        "media": _bin_media(taken.column("media").chunk(0), row_offsets, start_in_bin, read_media),
+    }
+    return pa.RecordBatch.from_arrays(list(columns.values()), schema=schemas.SHARD)
+
+
+def _rebase(lists: pa.ChunkedArray, offsets: np.ndarray) -> pa.ListArray:
+    """Concatenate the lists of consecutive rows into one list per bin."""
+    values = lists.chunk(0).flatten()
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+
+
+def _cu_seqlens(start_in_bin: np.ndarray, bin_tokens: np.ndarray, row_offsets: np.ndarray) -> pa.ListArray:
+    """Per bin: the start of each sample, then the bin's length ([0, l1, l1+l2, ..., total])."""
+    num_bins = len(bin_tokens)
+    ends_at = row_offsets[1:] + np.arange(num_bins)  # where each bin's closing entry goes
+    values = np.empty(len(start_in_bin) + num_bins, np.int32)
+    is_end = np.zeros(len(values), bool)
+    is_end[ends_at] = True
+    values[is_end] = bin_tokens
+    values[~is_end] = start_in_bin
+    offsets = row_offsets + np.arange(num_bins + 1)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+
+
+def _bin_media(
+    media: pa.ListArray,
+    row_offsets: np.ndarray,
+    start_in_bin: np.ndarray,
+    read_media: Callable[[str], bytes] | None,
+) -> pa.ListArray:
+    """Each row's media moved into its bin: offsets shifted to the bin, sample index added."""
+    counts = pc.list_value_length(media).to_numpy(zero_copy_only=False).astype(np.int64)
+    items = media.flatten()
+    row_of_item = np.repeat(np.arange(len(counts)), counts)
+    bin_of_row = np.repeat(np.arange(len(row_offsets) - 1), np.diff(row_offsets))
+    sample_index = row_of_item - row_offsets[bin_of_row[row_of_item]]
+    token_offset = items.field("token_offset").to_numpy(zero_copy_only=False) + start_in_bin[row_of_item]
+    uris = items.field("uri").to_pylist()
+    data = pa.array([read_media(u) for u in uris] if read_media else [None] * len(uris), pa.binary())
+    fields = dict(zip(schemas.TOKENIZED_MEDIA.names, items.flatten(), strict=True))
+    fields.update(
+        sample_index=pa.array(sample_index.astype(np.int32)),
+        token_offset=pa.array(token_offset.astype(np.int32)),
+        data=data,
+    )
+    structs = pa.StructArray.from_arrays(
+        [fields[f.name].cast(f.type) for f in schemas.SHARD_MEDIA], fields=list(schemas.SHARD_MEDIA)
+    )
+    item_counts = np.add.reduceat(counts, row_offsets[:-1]) if len(counts) else np.zeros(0, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(item_counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), structs)
+
+
+class _HashingSink:
+    """A file-like sink that hashes and counts what goes through it."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.sha256, self.size, self.closed = stream, hashlib.sha256(), 0, False
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.stream.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.stream.close()
+            self.closed = True
+
+
+@dataclass(frozen=True)
+class WrittenShard:
+    path: str  # relative to the packed/ directory
+    rows: int
+    samples: int
+    tokens: int
+    bytes: int
+    sha256: str
+    row_groups: int
+
+
+def write_shard(
+    packed_root: str,
+    relative_path: str,
+    batches: list[pa.RecordBatch],
+    bins_per_row_group: int,
+    s3: fs.S3Options | None,
+) -> WrittenShard:
+    """Write one shard; locally through a temporary name renamed at the end, so a file under
+    the final name is always complete (an S3 upload only appears when it completes)."""
+    uri = fs.join(packed_root, relative_path)
+    filesystem, path = fs.filesystem(uri, s3)
+    local = not fs.is_s3(uri)
+    target = f"{path.rsplit('/', 1)[0]}/.{path.rsplit('/', 1)[1]}.tmp" if local else path
+    if local:
+        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    table = pa.Table.from_batches(batches, schema=schemas.SHARD)
+    sink = _HashingSink(filesystem.open_output_stream(target))
+    try:
+        pq.write_table(
+            table,
+            sink,
+            row_group_size=bins_per_row_group,
+            compression="zstd",
+            write_statistics=False,
+            store_schema=True,
+        )
+    finally:
+        sink.close()
+    if local:
+        filesystem.move(target, path)
+    return WrittenShard(
+        path=relative_path,
+        rows=table.num_rows,
+        samples=int(pc.sum(table.column("num_samples")).as_py() or 0),
+        tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
+        bytes=sink.size,
+        sha256=sink.sha256.hexdigest(),
+        row_groups=-(-table.num_rows // bins_per_row_group),
+    )

@@ -1,0 +1,159 @@
+"""PackedDataset over real packed demo shards: coverage, shuffles, resume, media, S3."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from loader import PackedDataset, ShardError, collate_packed
+from mmpack_udfs import schemas, tables
+
+pytestmark = pytest.mark.spark
+
+IMAGE_PAD, VIDEO_PAD = 151655, 151656
+
+
+def bin_key(item) -> tuple:
+    return tuple(item["sample_ids"])
+
+
+def read_epoch(packed_demo, world: int, workers: int, epoch: int = 0) -> list[list[tuple]]:
+    per_rank = []
+    for rank in range(world):
+        dataset = PackedDataset(str(packed_demo / "packed"), rank=rank, world_size=world, with_media=False)
+        dataset.set_epoch(epoch)
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers)
+        per_rank.append([bin_key(item) for item in loader])
+        assert len(per_rank[-1]) == len(dataset)
+    return per_rank
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_every_bin_once_per_epoch(packed_demo, world, workers):
+    seen = [key for rank in read_epoch(packed_demo, world, workers) for key in rank]
+    manifest = json.loads((packed_demo / "packed" / "manifest.json").read_text())
+    assert len(seen) == len(set(seen)) == manifest["totals"]["bins"]
+    samples = [s for key in seen for s in key]
+    assert len(samples) == len(set(samples)) == manifest["totals"]["samples"]
+
+
+def test_shuffle_differs_across_epochs_and_repeats(packed_demo):
+    first = read_epoch(packed_demo, 1, 0, epoch=0)
+    assert first == read_epoch(packed_demo, 1, 0, epoch=0)
+    assert first != read_epoch(packed_demo, 1, 0, epoch=1)
+    assert sorted(first[0]) == sorted(read_epoch(packed_demo, 1, 0, epoch=1)[0])
+
+
+@pytest.mark.parametrize(("workers", "stop_after"), [(0, 5), (2, 3), (3, 7)])
+def test_resume_mid_epoch_yields_exactly_the_rest(packed_demo, workers, stop_after):
+    def loader():
+        ds = PackedDataset(str(packed_demo / "packed"), seed=5, shuffle_buffer=3, with_media=False)
+        ds.set_epoch(2)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+
+    full = [bin_key(b) for b in loader()]
+    first = loader()
+    taken, state = [], None
+    for i, item in enumerate(first):
+        taken.append(bin_key(item))
+        if i + 1 == stop_after:
+            state = first.state_dict()
+            break
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [bin_key(b) for b in resumed]
+    assert taken + rest == full
+
+
+def test_bins_match_the_tokenized_rows_and_vision_counts(packed_demo):
+    rows = {
+        r["sample_id"]: r
+        for r in tables.read_arrow(schemas.table_uri(str(packed_demo), "tokenized")).to_pylist()
+    }
+    with_media = 0
+    for item in PackedDataset(str(packed_demo / "packed"), shuffle=False):
+        cu = item["cu_seqlens"].tolist()
+        assert item["cu_seqlens"].dtype == torch.int32 and cu[-1] == len(item["input_ids"])
+        assert item["max_seqlen"] == max(b - a for a, b in itertools.pairwise(cu))
+        for i, sid in enumerate(item["sample_ids"]):
+            a, b = cu[i], cu[i + 1]
+            assert item["input_ids"][a:b].tolist() == rows[sid]["input_ids"]
+            labels = rows[sid]["labels"]
+            assert item["labels"][a:b].tolist() == [-100, *labels[1:]]
+            assert item["position_ids"][a:b].tolist() == list(range(b - a))
+        ids = item["input_ids"]
+        images, videos = int((ids == IMAGE_PAD).sum()), int((ids == VIDEO_PAD).sum())
+        assert item.get("pixel_values", torch.zeros(0, 1176)).shape[0] // 4 == images
+        assert item.get("pixel_values_videos", torch.zeros(0, 1176)).shape[0] // 4 == videos
+        if "image_grid_thw" in item:
+            assert int(item["image_grid_thw"].prod(-1).sum()) == item["pixel_values"].shape[0]
+        assert item["mrope_position_ids"].shape == (3, len(ids))
+        with_media += images + videos > 0
+    assert with_media > 0
+
+
+def test_collate_concatenates_or_pads(packed_demo):
+    items = list(PackedDataset(str(packed_demo / "packed"), shuffle=False, with_media=False))[:3]
+    batch = collate_packed(items)
+    total = sum(len(i["input_ids"]) for i in items)
+    assert batch["input_ids"].shape == (1, total) and int(batch["cu_seqlens"][-1]) == total
+    assert len(batch["cu_seqlens"]) == sum(len(i["cu_seqlens"]) - 1 for i in items) + 1
+    padded = collate_packed(items, pad_to=total + 10)
+    assert padded["input_ids"].shape == (1, total + 10)
+    assert padded["labels"][0, total:].eq(-100).all() and int(padded["cu_seqlens"][-1]) == total + 10
+    with pytest.raises(ValueError, match="do not fit"):
+        collate_packed(items, pad_to=total - 1)
+
+
+def test_corrupted_or_missing_shard_or_bad_version(packed_demo, tmp_path):
+    copy = tmp_path / "packed"
+    shutil.copytree(packed_demo / "packed", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    first = copy / manifest["shards"][0]["path"]
+    data = bytearray(first.read_bytes())
+    data[100] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=manifest["shards"][0]["path"]):
+        list(PackedDataset(str(copy), shuffle=False, with_media=False))
+    first.unlink()
+    with pytest.raises(ShardError, match="missing"):
+        list(PackedDataset(str(copy), shuffle=False, with_media=False))
+    manifest["format_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="format version 99"):
+        PackedDataset(str(copy))
+
+
+def test_reads_from_s3(packed_demo, s3_bucket):
+    import boto3
+
+    endpoint, bucket = s3_bucket
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    for path in (packed_demo / "packed").rglob("*"):
+        if path.is_file() and not path.name.startswith("."):
+            client.upload_file(
+                str(path), bucket, "run/" + path.relative_to(packed_demo / "packed").as_posix()
+            )
+    s3 = {"endpoint_override": endpoint, "scheme": "http", "region": "us-east-1"}
+    local = [bin_key(b) for b in PackedDataset(str(packed_demo / "packed"), with_media=False)]
+    remote = PackedDataset(f"s3://{bucket}/run", s3=s3, with_media=False)
+    assert [bin_key(b) for b in DataLoader(remote, batch_size=None, num_workers=2)] != []
+    assert [bin_key(b) for b in remote] == local
+
+    manifest = json.loads((packed_demo / "packed" / "manifest.json").read_text())
+    key = "run/" + manifest["shards"][0]["path"]
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[50] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    with pytest.raises(ShardError, match="does not match the manifest"):
+        list(PackedDataset(f"s3://{bucket}/run", s3=s3, shuffle=False, with_media=False))
+    client.delete_object(Bucket=bucket, Key=key)
+    with pytest.raises(ShardError, match=manifest["shards"][0]["path"]):
+        list(PackedDataset(f"s3://{bucket}/run", s3=s3, shuffle=False, with_media=False))

@@ -1,0 +1,93 @@
+"""Vision tensors at the stored grid, and mRoPE positions, against transformers' Qwen2-VL."""
+
+from __future__ import annotations
+
+import types
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from loader import vision
+from mmpack_udfs.config import load_config
+from mmpack_udfs.profiles import make_profile
+
+IMAGE_PAD, VIDEO_PAD = 151655, 151656
+
+
+def planned(image: Image.Image) -> dict:
+    profile = make_profile("qwen2_vl", load_config()["profiles"]["qwen2_vl"])
+    plan = profile.plan_image(*image.size)
+    return {
+        "kind": "image",
+        "uri": "x.png",
+        "grid_t": plan.grid[0],
+        "grid_h": plan.grid[1],
+        "grid_w": plan.grid[2],
+        "resized_height": plan.resized[0],
+        "resized_width": plan.resized[1],
+        "num_tokens": plan.num_tokens,
+    }
+
+
+@pytest.mark.parametrize("size", [(97, 203), (640, 480), (30, 30)])
+def test_image_patches_equal_transformers(size):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    rng = np.random.default_rng(sum(size))
+    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    item = planned(image)
+    ours = vision.qwen2_vl_patches([image], item)
+    processor = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=1003520)
+    theirs = processor(images=[image], return_tensors="np")
+    assert theirs["image_grid_thw"].tolist() == [[item["grid_t"], item["grid_h"], item["grid_w"]]]
+    assert ours.shape == theirs["pixel_values"].shape
+    assert ours.shape[0] // 4 == item["num_tokens"]  # vision embeddings = pad tokens
+    np.testing.assert_allclose(ours, theirs["pixel_values"], atol=1e-5)
+
+
+def rope_oracle(ids: list[int], image_grids: list, video_grids: list) -> np.ndarray:
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    stub = types.SimpleNamespace(
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=2)),
+        get_vision_position_ids=partial(Qwen2VLModel.get_vision_position_ids, None),
+    )
+    input_ids = torch.tensor([ids])
+    types_ = (input_ids == IMAGE_PAD).int() + 2 * (input_ids == VIDEO_PAD).int()
+    positions, _ = Qwen2VLModel.get_rope_index(
+        stub,
+        input_ids,
+        types_,
+        image_grid_thw=torch.tensor(image_grids) if image_grids else None,
+        video_grid_thw=torch.tensor(video_grids) if video_grids else None,
+    )
+    return positions[:, 0].numpy()
+
+
+def test_mrope_positions_equal_get_rope_index():
+    # text, image (grid 1x4x6: 6 tokens), text, video (grid 3x4x4: 12 tokens), text
+    layout = [(7, None), (6, ("image", 1, 4, 6)), (3, None), (12, ("video", 3, 4, 4)), (5, None)]
+    ids, media, grids = [], [], {"image": [], "video": []}
+    for count, item in layout:
+        if item is None:
+            ids += [1] * count
+            continue
+        kind, t, h, w = item
+        media.append({"kind": kind, "token_offset": len(ids), "grid_t": t, "grid_h": h, "grid_w": w})
+        grids[kind].append([t, h, w])
+        ids += [IMAGE_PAD if kind == "image" else VIDEO_PAD] * count
+    ours = vision.mrope_positions(len(ids), media)
+    np.testing.assert_array_equal(ours, rope_oracle(ids, grids["image"], grids["video"]))
+    assert (vision.mrope_positions(4, []) == np.arange(4)).all()
+
+
+def test_internvl_tiles_follow_the_stored_grid():
+    image = Image.new("RGB", (900, 450), (200, 10, 10))
+    item = {"kind": "image", "grid_h": 1, "grid_w": 2}
+    tiles = vision.internvl_tiles([image], item, 448, thumbnail=True)
+    assert tiles.shape == (3, 3, 448, 448)  # 1 x 2 tiles + thumbnail
+    red = (200 / 255 - vision.IMAGENET_MEAN[0]) / vision.IMAGENET_STD[0]
+    np.testing.assert_allclose(tiles[:, 0], red, atol=1e-3)

@@ -1,0 +1,135 @@
+"""Building bin rows from tokenized rows: pure Arrow/numpy, no Spark."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mmpack_udfs import schemas, shards
+from mmpack_udfs.packing import first_fit_decreasing
+
+
+def tokenized_rows(n: int, seed: int = 0) -> pa.Table:
+    """Rows shaped like the tokenized table: random lengths, some with media items."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        length = int(rng.integers(1, 300))
+        ids = rng.integers(0, 50_000, length).astype(np.int32)
+        labels = np.where(rng.random(length) < 0.5, -100, ids).astype(np.int32)
+        media = []
+        for k in range(int(rng.integers(0, 3)) if length > 20 else 0):
+            media.append(
+                {
+                    "kind": "image" if k % 2 == 0 else "video",
+                    "uri": f"/media/{i}-{k}.jpg",
+                    "width": 64,
+                    "height": 48,
+                    "grid_t": 1,
+                    "grid_h": 4,
+                    "grid_w": 4,
+                    "resized_height": 56,
+                    "resized_width": 56,
+                    "token_offset": 3 + 8 * k,
+                    "num_tokens": 4,
+                    "frame_indices": [0, 1] if k % 2 else None,
+                }
+            )
+        rows.append(
+            {
+                "sample_id": f"s{i:04d}",
+                "input_ids": ids.tolist(),
+                "labels": labels.tolist(),
+                "num_tokens": length,
+                "image_tokens": 4 * sum(m["kind"] == "image" for m in media),
+                "video_tokens": 4 * sum(m["kind"] == "video" for m in media),
+                "supervised_tokens": int((labels != -100).sum()),
+                "media": media,
+            }
+        )
+    schema = pa.schema([schemas.TOKENIZED.field(c) for c in shards.TOKENIZED_COLUMNS])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def decode(batch: pa.RecordBatch) -> dict[str, dict]:
+    """Split bin rows back into samples: sample id → its tokens, labels and media."""
+    samples = {}
+    for row in batch.to_pylist():
+        cu = row["cu_seqlens"]
+        assert cu[0] == 0 and cu[-1] == row["num_tokens"] == len(row["input_ids"]) == len(row["labels"])
+        assert row["sum_sq_lengths"] == sum((b - a) ** 2 for a, b in itertools.pairwise(cu))
+        for i, sid in enumerate(row["sample_ids"]):
+            media = []
+            for m in row["media"]:
+                if m["sample_index"] == i:
+                    m = dict(m)
+                    m["token_offset"] -= cu[i]
+                    media.append(m)
+            samples[sid] = {
+                "input_ids": row["input_ids"][cu[i] : cu[i + 1]],
+                "labels": row["labels"][cu[i] : cu[i + 1]],
+                "media": media,
+            }
+    return samples
+
+
+@pytest.mark.parametrize("bins_per_shard", [1, 3, 1000])
+def test_bins_decode_back_to_exactly_the_rows(bins_per_shard):
+    rows = tokenized_rows(200)
+    lengths = rows.column("num_tokens").to_numpy().astype(np.int64)
+    packing = first_fit_decreasing(lengths, 1000)
+    order = np.random.default_rng(1).permutation(packing.num_bins)
+    lay = shards.layout(packing.bin_of, lengths, order)
+    decoded = {}
+    for first in range(0, lay.num_bins, bins_per_shard):
+        end = min(first + bins_per_shard, lay.num_bins)
+        batch = shards.build_bins(rows, lay, first, end, group=3, read_media=lambda uri: uri.encode())
+        assert batch.schema == schemas.SHARD
+        assert (batch.column("num_tokens").to_numpy() <= 1000).all()
+        assert batch.column("group").to_pylist() == [3] * (end - first)
+        decoded.update(decode(batch))
+    expected = {r["sample_id"]: r for r in rows.to_pylist()}
+    assert decoded.keys() == expected.keys()
+    for sid, got in decoded.items():
+        want = expected[sid]
+        assert got["input_ids"] == want["input_ids"] and got["labels"] == want["labels"]
+        assert len(got["media"]) == len(want["media"])
+        for g, w in zip(got["media"], want["media"], strict=True):
+            assert g["data"] == w["uri"].encode()
+            assert {k: g[k] for k in w} == w
+
+
+def test_bins_follow_the_given_order_and_keep_per_bin_figures():
+    rows = tokenized_rows(60, seed=2)
+    lengths = rows.column("num_tokens").to_numpy().astype(np.int64)
+    packing = first_fit_decreasing(lengths, 700)
+    order = np.arange(packing.num_bins)[::-1]
+    lay = shards.layout(packing.bin_of, lengths, order)
+    batch = shards.build_bins(rows, lay, 0, lay.num_bins, group=0, read_media=None)
+    ids = rows.column("sample_id").to_pylist()
+    for k, row in enumerate(batch.to_pylist()):
+        members = sorted(ids[i] for i in np.flatnonzero(packing.bin_of == order[k]))
+        assert sorted(row["sample_ids"]) == members
+        assert row["num_samples"] == len(members)
+        assert all(m["data"] is None for m in row["media"])
+        assert row["vision_patches"] == 4 * (row["image_tokens"] + row["video_tokens"])
+
+
+def test_write_shard_reports_the_bytes_it_wrote(tmp_path):
+    rows = tokenized_rows(30)
+    lengths = rows.column("num_tokens").to_numpy().astype(np.int64)
+    packing = first_fit_decreasing(lengths, 500)
+    lay = shards.layout(packing.bin_of, lengths, np.arange(packing.num_bins))
+    batch = shards.build_bins(rows, lay, 0, lay.num_bins, group=0, read_media=None)
+    written = shards.write_shard(str(tmp_path), "shards/x/g00000-00000.parquet", [batch], 2, None)
+    path = tmp_path / written.path
+    data = path.read_bytes()
+    assert written.bytes == len(data) and written.sha256 == hashlib.sha256(data).hexdigest()
+    assert written.rows == lay.num_bins and written.samples == 30 and written.tokens == lengths.sum()
+    assert pq.ParquetFile(path).metadata.num_row_groups == written.row_groups == -(-lay.num_bins // 2)
+    assert not list(path.parent.glob(".*"))  # the temporary file was renamed
