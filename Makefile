@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test lint bench-normalize bench-tokenize bench-pack bench-pack-spark clean
+.PHONY: setup java demo test lint bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader clean
 
 setup: java $(STAMP)
 
@@ -47,6 +47,9 @@ bench-pack: setup
 
 bench-pack-spark: setup
 	$(BIN)/python bench/bench_pack_spark.py --rows 1000000
+
+bench-loader: setup
+	$(BIN)/python bench/bench_loader.py
 
 clean:
 	rm -rf $(VENV) $(OUT) bench/out

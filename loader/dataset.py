@@ -160,7 +160,7 @@ class _RowGroup:
         }
         media = self.media[row].as_py() if self.media is not None else []
         if profile["kind"] == "qwen2_vl":
-            item.update(_qwen2_vl_media(media, cu, s3))
+            item.update(_qwen2_vl_media(media, cu, positions, s3))
         elif media:
             item.update(_internvl_media(media, profile, s3))
         return item
@@ -177,7 +177,9 @@ def _frames(item: Mapping[str, Any], s3: fs.S3Options | None) -> list:
     return vision.decode_frames(data, item["frame_indices"], item["uri"])
 
 
-def _qwen2_vl_media(media: list[dict], cu: np.ndarray, s3: fs.S3Options | None) -> dict[str, Any]:
+def _qwen2_vl_media(
+    media: list[dict], cu: np.ndarray, positions: np.ndarray, s3: fs.S3Options | None
+) -> dict[str, Any]:
     """Pixel patches and grids per kind, and the per-sample 3-D rotary positions."""
     out: dict[str, Any] = {}
     for kind, pixels_key, grid_key in (
@@ -189,12 +191,20 @@ def _qwen2_vl_media(media: list[dict], cu: np.ndarray, s3: fs.S3Options | None) 
             patches = [vision.qwen2_vl_patches(_frames(m, s3), m) for m in items]
             out[pixels_key] = torch.from_numpy(np.concatenate(patches))
             out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
-    rows = []
-    for i in range(len(cu) - 1):
-        mine = [{**m, "token_offset": m["token_offset"] - cu[i]} for m in media if m["sample_index"] == i]
-        rows.append(vision.mrope_positions(int(cu[i + 1] - cu[i]), mine))
-    out["mrope_position_ids"] = torch.from_numpy(np.concatenate(rows, axis=1))
+    out["mrope_position_ids"] = _mrope(media, cu, positions)
     return out
+
+
+def _mrope(media: list[dict], cu: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+    """[3, T]: text-only samples count 0, 1, 2, … on all three rows; samples with media
+    get their 3-D positions (computed per sample, as if it were alone)."""
+    if not media:
+        return torch.from_numpy(positions).expand(3, -1)
+    rows = np.tile(positions, (3, 1))
+    for i in sorted({m["sample_index"] for m in media}):
+        mine = [{**m, "token_offset": m["token_offset"] - cu[i]} for m in media if m["sample_index"] == i]
+        rows[:, cu[i] : cu[i + 1]] = vision.mrope_positions(int(cu[i + 1] - cu[i]), mine)
+    return torch.from_numpy(rows)
 
 
 def _internvl_media(media: list[dict], profile: Mapping[str, Any], s3: fs.S3Options | None) -> dict[str, Any]:
