@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test lint bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader clean
+.PHONY: setup java demo test lint dist bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader clean
 
 setup: java $(STAMP)
 
@@ -34,6 +34,9 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+dist: setup
+	$(BIN)/python tools/make_dist.py dist
 
 bench-normalize: setup
 	$(BIN)/python bench/bench_normalize.py --sizes 10000 100000

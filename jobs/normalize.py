@@ -6,9 +6,15 @@ Takes the same options as ``mmpack normalize``; exit code 0 on success, 1 on a f
 run (missing input, reconciliation), 2 on a configuration error.
 """
 
+import os
 import sys
 
-from mmpack_udfs.cli import main
+# This folder holds tokenize.py, which would shadow the standard library's tokenize module
+# for everything the job imports: take the folder off the import path first.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+
+from mmpack_udfs.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["normalize", *sys.argv[1:]]))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from mmpack_udfs.config import ConfigError, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+PIPELINE = ["normalize", "tokenize", "pack"]
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +47,14 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack}
     config = config_from_args(args)
     spark = get_spark(config["spark"], args.master)
-    for stage in stages:
+    started = time.time()
+    for number, stage in enumerate(stages, start=1):
+        if len(stages) > 1:
+            elapsed = time.time() - started
+            print(f"[{number}/{len(stages)}] {stage} ...  ({elapsed:.0f} s elapsed)", flush=True)
         modules[stage].run(spark, config)
+    if len(stages) > 1:
+        print(f"pipeline done: {', '.join(stages)} in {time.time() - started:.1f} s")
     return EXIT_OK
 
 
@@ -56,6 +64,10 @@ def run_normalize(args: argparse.Namespace) -> int:
 
 def run_tokenize(args: argparse.Namespace) -> int:
     return run_stages(args, ["tokenize"])
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    return run_stages(args, PIPELINE)
 
 
 def run_pack(args: argparse.Namespace) -> int:
@@ -89,7 +101,7 @@ def run_demo(args: argparse.Namespace) -> int:
     demo = demo_data.generate(out / "input", samples=args.samples, seed=args.seed)
     print(f"demo data: {demo.records} records under {demo.root}")
     args.config, args.out = str(demo.config), str(out.resolve())
-    run_stages(args, ["normalize", "tokenize", "pack"])
+    run_stages(args, PIPELINE)
     try:  # the training side is optional: the `train` extra brings torch
         from loader.__main__ import describe_epoch
     except ImportError as err:
@@ -105,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Multimodal SFT data → Delta tables → packed training shards, on Spark.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("run", help="the whole pipeline: normalize → tokenize → pack (+ report)")
+    add_config_options(p)
+    p.set_defaults(func=run_pipeline)
 
     p = commands.add_parser("normalize", help="ShareGPT files + media → Delta samples/quarantine")
     add_config_options(p)

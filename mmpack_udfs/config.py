@@ -32,7 +32,7 @@ def load_config(
     overrides: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Defaults, merged with ``config_file`` (if any), then ``key=value`` overrides."""
-    config = _read_yaml(CONF_DIR / "defaults.yaml")
+    config = _defaults()
     if config_file is not None:
         user = _read_yaml(Path(config_file))
         base_dir = Path(config_file).resolve().parent
@@ -44,6 +44,22 @@ def load_config(
         config = apply_override(config, item)
     validate(config)
     return config
+
+
+def _defaults() -> dict[str, Any]:
+    """conf/defaults.yaml; inside the spark-submit zip, the copy ``make dist`` puts in it."""
+    path = CONF_DIR / "defaults.yaml"
+    if path.exists():
+        return _read_yaml(path)
+    import pkgutil
+
+    try:
+        data = pkgutil.get_data("mmpack_udfs", "conf/defaults.yaml")
+    except OSError:
+        data = None
+    if data is None:
+        raise ConfigError(f"no config defaults at {path} (set MMPACK_CONF_DIR)")
+    return yaml.safe_load(data)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -95,6 +96,12 @@ def probe(kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None 
     return probe_video(uri, info.size, settings, s3)
 
 
+def _stable(err: Exception) -> str:
+    """The error message without object addresses (``<_io.BytesIO object at 0x7f...>``), so
+    that quarantine rows are the same on every run."""
+    return re.sub(r" at 0x[0-9a-f]+>", ">", str(err))
+
+
 def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
     """Header first (size, pixel limit), then an optional decode to catch corrupt data."""
     try:
@@ -114,7 +121,7 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
     except Rejected:
         raise
     except Exception as err:  # Pillow raises many types for bad data
-        raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: {type(err).__name__}: {err}") from err
+        raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: {type(err).__name__}: {_stable(err)}") from err
     if width <= 0 or height <= 0:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: empty image {width}x{height}")
     return MediaInfo("image", uri, len(data), width, height)

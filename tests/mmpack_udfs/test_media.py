@@ -108,3 +108,12 @@ def test_media_on_s3(s3_bucket, media_root):
     video = media.probe("video", f"s3://{bucket}/m/clip.mp4", SETTINGS, s3)
     assert (image.width, image.height, video.frames) == (300, 120, 20)
     assert reason_of(media.probe, "image", f"s3://{bucket}/m/none.jpg", SETTINGS, s3) == Reason.MEDIA_MISSING
+
+
+def test_rejection_details_are_the_same_on_every_run(media_root):
+    details = set()
+    for _ in range(2):
+        with pytest.raises(Rejected) as info:
+            media.probe("image", str(media_root / "bad/not_an_image.png"), SETTINGS)
+        details.add(info.value.detail)
+    assert len(details) == 1 and " at 0x" not in details.pop()

@@ -1,0 +1,52 @@
+"""spark-submit of each job with the `make dist` zip produces what `mmpack run` produces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmpack_udfs import cli, schemas, tables
+from tools import make_dist
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
+
+
+def submit(job: str, dist: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    job_file = str(ROOT / "jobs" / f"{job}.py")
+    command = [str(SPARK_SUBMIT), "--master", "local[2]", "--py-files", str(dist), job_file]
+    return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def table_rows(out: Path, name: str) -> list[dict]:
+    rows = tables.read_arrow(schemas.table_uri(str(out), name)).to_pylist()
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+
+
+def test_spark_submit_jobs_match_mmpack_run(demo, tmp_path):
+    dist = make_dist.build(tmp_path / "dist")
+    by_cli, by_submit = tmp_path / "run", tmp_path / "submit"
+    assert cli.main(["run", "--config", str(demo.config), "--out", str(by_cli), "--master", "local[2]"]) == 0
+    for job in cli.PIPELINE:
+        result = submit(job, dist, "--config", str(demo.config), "--out", str(by_submit))
+        assert result.returncode == 0, result.stderr[-3000:]
+    for name in schemas.TABLES:
+        assert table_rows(by_submit, name) == table_rows(by_cli, name)
+    manifests = [json.loads((out / "packed" / "manifest.json").read_text()) for out in (by_cli, by_submit)]
+    assert [s["sha256"] for s in manifests[0]["shards"]] == [s["sha256"] for s in manifests[1]["shards"]]
+    assert manifests[0]["totals"] == manifests[1]["totals"]
+
+
+def test_spark_submit_bad_config_exits_2(demo, tmp_path):
+    dist = make_dist.build(tmp_path / "dist")
+    result = submit("tokenize", dist, "--config", str(demo.config), "--set", "pack.budget=-1")
+    assert result.returncode == cli.EXIT_BAD_CONFIG
+    assert "pack.budget must be a positive integer" in result.stdout + result.stderr
