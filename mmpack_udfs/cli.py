@@ -6,12 +6,19 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from mmpack_udfs.config import ConfigError, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 PIPELINE = ["normalize", "tokenize", "pack"]
+STAGE_COMMANDS = [  # (command, the stages it runs, help)
+    ("run", PIPELINE, "the whole pipeline: normalize → tokenize → pack (+ report)"),
+    ("normalize", ["normalize"], "ShareGPT files + media → Delta samples/quarantine"),
+    ("tokenize", ["tokenize"], "Delta samples → Delta tokenized (ids, labels, media spans)"),
+    ("pack", ["pack"], "Delta tokenized → packed Parquet shards + manifest.json + report"),
+]
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -58,22 +65,6 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def run_normalize(args: argparse.Namespace) -> int:
-    return run_stages(args, ["normalize"])
-
-
-def run_tokenize(args: argparse.Namespace) -> int:
-    return run_stages(args, ["tokenize"])
-
-
-def run_pipeline(args: argparse.Namespace) -> int:
-    return run_stages(args, PIPELINE)
-
-
-def run_pack(args: argparse.Namespace) -> int:
-    return run_stages(args, ["pack"])
-
-
 def run_report(args: argparse.Namespace) -> int:
     from mmpack_udfs import fs, report
 
@@ -118,21 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = commands.add_parser("run", help="the whole pipeline: normalize → tokenize → pack (+ report)")
-    add_config_options(p)
-    p.set_defaults(func=run_pipeline)
-
-    p = commands.add_parser("normalize", help="ShareGPT files + media → Delta samples/quarantine")
-    add_config_options(p)
-    p.set_defaults(func=run_normalize)
-
-    p = commands.add_parser("tokenize", help="Delta samples → Delta tokenized (ids, labels, media spans)")
-    add_config_options(p)
-    p.set_defaults(func=run_tokenize)
-
-    p = commands.add_parser("pack", help="Delta tokenized → packed Parquet shards + manifest.json + report")
-    add_config_options(p)
-    p.set_defaults(func=run_pack)
+    for name, stages, about in STAGE_COMMANDS:
+        p = commands.add_parser(name, help=about)
+        add_config_options(p)
+        p.set_defaults(func=partial(run_stages, stages=stages))
 
     p = commands.add_parser("report", help="print and write the packing report of an output root")
     p.add_argument("out", metavar="OUT", help="output root of a pipeline run (local or s3://)")

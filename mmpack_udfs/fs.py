@@ -10,7 +10,8 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -122,11 +123,35 @@ def read_bytes(uri: str, s3: S3Options | None = None, start: int = 0, length: in
         return f.read() if length is None else f.read(length)
 
 
-def write_bytes(uri: str, data: bytes, s3: S3Options | None = None) -> None:
+@contextmanager
+def atomic_output(uri: str, s3: S3Options | None = None) -> Iterator[Any]:
+    """An output stream whose content appears under ``uri`` only once it is complete: locally
+    a dot-temporary file in the same folder, renamed at the end (removed on failure); on S3
+    an upload, which becomes visible when it completes."""
     fs, path = filesystem(uri, s3)
-    if not is_s3(uri):
-        fs.create_dir(os.path.dirname(path), recursive=True)
-    with fs.open_output_stream(path) as f:
+    if is_s3(uri):
+        with fs.open_output_stream(path) as stream:
+            yield stream
+        return
+    folder, name = os.path.split(path)
+    fs.create_dir(folder, recursive=True)
+    temporary = os.path.join(folder, f".{name}.tmp")
+    stream = fs.open_output_stream(temporary)
+    try:
+        yield stream
+        if not stream.closed:
+            stream.close()
+        fs.move(temporary, path)
+    except BaseException:
+        if not stream.closed:
+            stream.close()
+        fs.delete_file(temporary)
+        raise
+
+
+def write_bytes(uri: str, data: bytes, s3: S3Options | None = None) -> None:
+    """Write a whole file (atomically on local disks: see ``atomic_output``)."""
+    with atomic_output(uri, s3) as f:
         f.write(data)
 
 

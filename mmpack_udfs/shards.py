@@ -84,7 +84,7 @@ def build_bins(
         return taken.column(name).to_numpy().astype(np.int64)
 
     bin_tokens = per_bin(lengths)
-    vision = per_bin(column("image_tokens") + column("video_tokens"))
+    image, video = per_bin(column("image_tokens")), per_bin(column("video_tokens"))
     columns = {
         "group": pa.array(np.full(num_bins, group, np.int32)),
         "bin": pa.array(np.arange(first_bin, end_bin, dtype=np.int32)),
@@ -96,11 +96,11 @@ def build_bins(
         ),
         "num_tokens": pa.array(bin_tokens.astype(np.int32)),
         "num_samples": pa.array(np.diff(row_offsets).astype(np.int32)),
-        "image_tokens": pa.array(per_bin(column("image_tokens")).astype(np.int32)),
-        "video_tokens": pa.array(per_bin(column("video_tokens")).astype(np.int32)),
+        "image_tokens": pa.array(image.astype(np.int32)),
+        "video_tokens": pa.array(video.astype(np.int32)),
         "supervised_tokens": pa.array(per_bin(column("supervised_tokens")).astype(np.int32)),
         "sum_sq_lengths": pa.array(per_bin(lengths * lengths)),
-        "vision_patches": pa.array(vision * VISION_PATCHES_PER_TOKEN),
+        "vision_patches": pa.array((image + video) * VISION_PATCHES_PER_TOKEN),
         "media": _bin_media(taken.column("media").chunk(0), row_offsets, start_in_bin, read_media),
     }
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=schemas.SHARD)
@@ -155,7 +155,7 @@ def _bin_media(
 
 
 class _HashingSink:
-    """A file-like sink that hashes and counts what goes through it."""
+    """A file-like sink that hashes and counts what goes through it (closing it closes the stream)."""
 
     def __init__(self, stream) -> None:
         self.stream, self.sha256, self.size, self.closed = stream, hashlib.sha256(), 0, False
@@ -195,17 +195,11 @@ def write_shard(
     bins_per_row_group: int,
     s3: fs.S3Options | None,
 ) -> WrittenShard:
-    """Write one shard; locally through a temporary name renamed at the end, so a file under
-    the final name is always complete (an S3 upload only appears when it completes)."""
-    uri = fs.join(packed_root, relative_path)
-    filesystem, path = fs.filesystem(uri, s3)
-    local = not fs.is_s3(uri)
-    target = f"{path.rsplit('/', 1)[0]}/.{path.rsplit('/', 1)[1]}.tmp" if local else path
-    if local:
-        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    """Write one shard (a file under its final name is always complete: ``fs.atomic_output``)
+    and hash it on the way out."""
     table = pa.Table.from_batches(batches, schema=schemas.SHARD)
-    sink = _HashingSink(filesystem.open_output_stream(target))
-    try:
+    with fs.atomic_output(fs.join(packed_root, relative_path), s3) as stream:
+        sink = _HashingSink(stream)
         pq.write_table(
             table,
             sink,
@@ -214,10 +208,6 @@ def write_shard(
             write_statistics=False,
             store_schema=True,
         )
-    finally:
-        sink.close()
-    if local:
-        filesystem.move(target, path)
     return WrittenShard(
         path=relative_path,
         rows=table.num_rows,

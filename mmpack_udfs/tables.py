@@ -141,9 +141,15 @@ def data_files(uri: str, s3: fs.S3Options | None = None) -> tuple[int, list[str]
     return snap.version, snap.files
 
 
-def read_arrow(uri: str, s3: fs.S3Options | None = None, columns: Sequence[str] | None = None) -> pa.Table:
-    """The table (or some of its columns) as Arrow on the driver: small tables, reports, tests."""
-    snap = snapshot(uri, s3)
+def read_arrow(
+    uri: str,
+    s3: fs.S3Options | None = None,
+    columns: Sequence[str] | None = None,
+    snap: Snapshot | None = None,
+) -> pa.Table:
+    """The table (or some of its columns) as Arrow on the driver: small tables, reports, tests.
+    ``snap``: read that snapshot (one already taken) instead of the table's current state."""
+    snap = snap or snapshot(uri, s3)
     schema = snap.schema if columns is None else pa.schema([snap.schema.field(c) for c in columns])
     if not snap.files:
         return schema.empty_table()
@@ -154,11 +160,12 @@ def read_arrow(uri: str, s3: fs.S3Options | None = None, columns: Sequence[str] 
     return pa.concat_tables(parts, promote_options="permissive")
 
 
-def read_table(spark, uri: str, s3: fs.S3Options | None = None):
-    """A Spark DataFrame over the table's current files (local: Spark's Parquet reader)."""
+def read_table(spark, uri: str, s3: fs.S3Options | None = None, snap: Snapshot | None = None):
+    """A Spark DataFrame over the table's current files (local: Spark's Parquet reader), or
+    over those of ``snap``."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    snap = snapshot(uri, s3)
+    snap = snap or snapshot(uri, s3)
     files, arrow_schema = snap.files, snap.schema
     spark_schema = from_arrow_schema(arrow_schema)
     if not files:

@@ -35,10 +35,17 @@ SKIPPED_NAME = "pack_skipped.json"
 SKIPPED = pa.struct(
     [("sample_id", pa.string()), ("num_tokens", pa.int64()), ("second", pa.int64()), ("reason", pa.string())]
 )
-WRITTEN = pa.struct([(name, pa.int64() if kind is int else pa.string()) for name, kind in (
-    ("path", str), ("rows", int), ("samples", int), ("tokens", int), ("bytes", int), ("sha256", str),
-    ("row_groups", int),
-)])  # fmt: skip
+WRITTEN = pa.struct(  # shards.WrittenShard
+    [
+        ("path", pa.string()),
+        ("rows", pa.int64()),
+        ("samples", pa.int64()),
+        ("tokens", pa.int64()),
+        ("bytes", pa.int64()),
+        ("sha256", pa.string()),
+        ("row_groups", pa.int64()),
+    ]
+)
 GROUP_RESULT = pa.schema(
     [
         ("group", pa.int32()),
@@ -186,7 +193,7 @@ def _media_reader(s3: fs.S3Options | None):
 
 
 def check_oversize(
-    tokenized_uri: str, settings: PackSettings, s3: fs.S3Options | None
+    tokenized_uri: str, snap: tables.Snapshot, settings: PackSettings, s3: fs.S3Options | None
 ) -> tuple[int, int, list[str]]:
     """Rows and tokens in the table, and the ids of rows over a budget (reads count columns only).
 
@@ -195,7 +202,7 @@ def check_oversize(
     columns = ["sample_id", "num_tokens", "image_tokens", "video_tokens"]
     if settings.second_by == "media_items":
         columns.append("media")
-    counts = tables.read_arrow(tokenized_uri, s3, columns=columns)
+    counts = tables.read_arrow(tokenized_uri, s3, columns=columns, snap=snap)
     lengths = counts.column("num_tokens").to_numpy().astype(np.int64)
     too_big = settings.oversize_mask(lengths, settings.second_sizes(counts))
     over = counts.column("sample_id").filter(pa.array(too_big)).to_pylist()
@@ -234,19 +241,19 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     tokenized_uri = schemas.table_uri(output, "tokenized")
     packed_root = schemas.packed_uri(output)
     settings = PackSettings.from_config(config)
-    version = tables.snapshot(tokenized_uri, s3).version
-    run_id = config["run_id"] or derive_run_id(config, tokenized_uri, version)
+    snap = tables.snapshot(tokenized_uri, s3)  # one version for the checks, the read and the manifest
+    run_id = config["run_id"] or derive_run_id(config, tokenized_uri, snap.version)
 
     if published_run(packed_root, run_id, s3) is not None:
         print(f"pack: run {run_id} is already published; nothing to do")
         return report.write_report(output, s3)
 
-    rows_in, tokens_in, over = check_oversize(tokenized_uri, settings, s3)
+    rows_in, tokens_in, over = check_oversize(tokenized_uri, snap, settings, s3)
     groups = max(1, -(-tokens_in // settings.group_tokens))
     shard_dir = f"shards/{tables.run_tag(run_id)}"
     results: list[dict] = []
     if rows_in:
-        df = tables.read_table(spark, tokenized_uri, s3).select(*shards.TOKENIZED_COLUMNS)
+        df = tables.read_table(spark, tokenized_uri, s3, snap=snap).select(*shards.TOKENIZED_COLUMNS)
         task = partial(pack_groups, settings=settings, packed_root=packed_root, shard_dir=shard_dir, s3=s3)
         grouped = df.repartition(groups, "sample_id")
         results = [
@@ -257,7 +264,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     results.sort(key=lambda r: r["group"])
     skipped = [s for r in results for s in r["skipped"]]
     reconcile(rows_in, len(over), results)
-    manifest = build_manifest(config, settings, run_id, tokenized_uri, version, results)
+    manifest = build_manifest(config, settings, run_id, tokenized_uri, snap.version, results)
     fs.write_bytes(
         schemas.report_uri(output, SKIPPED_NAME), _json(sorted(skipped, key=lambda s: s["sample_id"])), s3
     )
@@ -327,15 +334,8 @@ def build_manifest(
 
 
 def publish_manifest(packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None) -> None:
-    """Write manifest.json: the step that makes the run visible to readers (atomic locally)."""
-    uri = fs.join(packed_root, schemas.MANIFEST_NAME)
-    if fs.is_s3(uri):
-        fs.write_bytes(uri, _json(manifest), s3)
-        return
-    tmp = fs.join(packed_root, f".{schemas.MANIFEST_NAME}.tmp")
-    fs.write_bytes(tmp, _json(manifest), s3)
-    filesystem, _ = fs.filesystem(uri, s3)
-    filesystem.move(fs.filesystem(tmp, s3)[1], fs.filesystem(uri, s3)[1])
+    """Write manifest.json: the step that makes the run visible to readers (atomically)."""
+    fs.write_bytes(fs.join(packed_root, schemas.MANIFEST_NAME), _json(manifest), s3)
 
 
 def _json(value: Any) -> bytes:
