@@ -5,10 +5,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+AIRFLOW_VENV  := .venv-airflow
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test lint dist bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader clean
+.PHONY: setup java demo test test-airflow airflow-setup lint dist bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader clean
 
 setup: java $(STAMP)
 
@@ -31,6 +33,20 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+	$(MAKE) test-airflow
+
+# The DAG tests: Airflow lives in its own virtualenv (its Spark provider's pyspark-client
+# clashes with full pyspark); spark-submit and the jobs' Python come from $(VENV).
+airflow-setup: $(AIRFLOW_STAMP)
+
+$(AIRFLOW_STAMP): airflow/requirements.txt
+	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install -q --upgrade pip
+	$(AIRFLOW_VENV)/bin/pip install -q -r airflow/requirements.txt
+	touch $(AIRFLOW_STAMP)
+
+test-airflow: setup airflow-setup
+	$(AIRFLOW_VENV)/bin/pytest -c airflow/pytest.ini airflow/tests
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
@@ -55,4 +71,4 @@ bench-loader: setup
 	$(BIN)/python bench/bench_loader.py
 
 clean:
-	rm -rf $(VENV) $(OUT) bench/out
+	rm -rf $(VENV) $(AIRFLOW_VENV) $(OUT) bench/out dist

@@ -7,7 +7,6 @@ standard AWS chain inside pyarrow (nothing here sees or logs them).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -16,8 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas
-
-READ_CHUNK = 8 << 20
 
 
 class ShardError(RuntimeError):
@@ -63,7 +60,7 @@ class ShardSource:
             filesystem, path = fs.filesystem(uri, self.s3)
             try:
                 if self.verify:
-                    self._check(shard, uri, filesystem, path)
+                    self._check(shard, uri)
                 self._files[shard] = pq.ParquetFile(filesystem.open_input_file(path))
             except FileNotFoundError as err:
                 raise ShardError(f"shard {uri} named by the manifest is missing") from err
@@ -71,15 +68,11 @@ class ShardSource:
                 raise ShardError(f"shard {uri} named by the manifest cannot be read: {err}") from err
         return self._files[shard]
 
-    def _check(self, shard: int, uri: str, filesystem, path: str) -> None:
+    def _check(self, shard: int, uri: str) -> None:
         expected = self.manifest["shards"][shard]
-        digest, size = hashlib.sha256(), 0
-        with filesystem.open_input_stream(path) as f:
-            while chunk := f.read(READ_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        if size != expected["bytes"] or digest.hexdigest() != expected["sha256"]:
+        sha256, size = fs.sha256_of(uri, self.s3)
+        if size != expected["bytes"] or sha256 != expected["sha256"]:
             raise ShardError(
-                f"shard {uri} does not match the manifest: {size} bytes, sha256 {digest.hexdigest()} "
+                f"shard {uri} does not match the manifest: {size} bytes, sha256 {sha256} "
                 f"(manifest: {expected['bytes']} bytes, sha256 {expected['sha256']})"
             )

@@ -18,6 +18,7 @@ STAGE_COMMANDS = [  # (command, the stages it runs, help)
     ("normalize", ["normalize"], "ShareGPT files + media → Delta samples/quarantine"),
     ("tokenize", ["tokenize"], "Delta samples → Delta tokenized (ids, labels, media spans)"),
     ("pack", ["pack"], "Delta tokenized → packed Parquet shards + manifest.json + report"),
+    ("validate", ["validate"], "check OUT/packed: every shard against the manifest, every sample once"),
 ]
 
 
@@ -49,9 +50,9 @@ def config_from_args(args: argparse.Namespace) -> dict:
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
     from mmpack_udfs.spark import get_spark
-    from mmpack_udfs.stages import normalize, pack, tokenize
+    from mmpack_udfs.stages import normalize, pack, tokenize, validate
 
-    modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack}
+    modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack, "validate": validate}
     config = config_from_args(args)
     spark = get_spark(config["spark"], args.master)
     started = time.time()
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         from mmpack_udfs.inputs import InputError
         from mmpack_udfs.report import ReportError
-        from mmpack_udfs.stages import normalize, pack, tokenize
+        from mmpack_udfs.stages import normalize, pack, tokenize, validate
         from mmpack_udfs.tables import TableError
 
         failures = (
@@ -151,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             TableError,
             ReportError,
             pack.PackError,
+            validate.ValidationError,
             normalize.ReconciliationError,
             tokenize.ReconciliationError,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -153,6 +154,17 @@ def write_bytes(uri: str, data: bytes, s3: S3Options | None = None) -> None:
     """Write a whole file (atomically on local disks: see ``atomic_output``)."""
     with atomic_output(uri, s3) as f:
         f.write(data)
+
+
+def sha256_of(uri: str, s3: S3Options | None = None, chunk_bytes: int = 8 << 20) -> tuple[str, int]:
+    """The sha256 (hex) and size in bytes of a file, streamed in chunks."""
+    fs, path = filesystem(uri, s3)
+    digest, size = hashlib.sha256(), 0
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def exists(uri: str, s3: S3Options | None = None) -> bool:

@@ -73,12 +73,12 @@ def storage_options(uri: str, s3: fs.S3Options | None = None) -> dict[str, str] 
     return options
 
 
-def open_table(uri: str, s3: fs.S3Options | None = None) -> DeltaTable | None:
-    """The Delta table at ``uri``, or None if there is none yet."""
+def open_table(uri: str, s3: fs.S3Options | None = None, version: int | None = None) -> DeltaTable | None:
+    """The Delta table at ``uri`` (at ``version``, default the latest), or None if there is none yet."""
     options = storage_options(uri, s3)
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         return None
-    return DeltaTable(uri, storage_options=options)
+    return DeltaTable(uri, version=version, storage_options=options)
 
 
 def committed_run(
@@ -126,9 +126,10 @@ class Snapshot:
     schema: pa.Schema
 
 
-def snapshot(uri: str, s3: fs.S3Options | None = None) -> Snapshot:
-    """The table's current state, after the safety checks (one pass over the Delta log)."""
-    table = open_table(uri, s3)
+def snapshot(uri: str, s3: fs.S3Options | None = None, version: int | None = None) -> Snapshot:
+    """The table's current state (or that of ``version``), after the safety checks (one pass
+    over the Delta log)."""
+    table = open_table(uri, s3, version)
     if table is None:
         raise TableError(f"no Delta table at {uri}")
     check_readable(table, uri)

@@ -35,9 +35,10 @@ def test_spark_submit_jobs_match_mmpack_run(demo, tmp_path):
     dist = make_dist.build(tmp_path / "dist")
     by_cli, by_submit = tmp_path / "run", tmp_path / "submit"
     assert cli.main(["run", "--config", str(demo.config), "--out", str(by_cli), "--master", "local[2]"]) == 0
-    for job in cli.PIPELINE:
+    for job in [*cli.PIPELINE, "validate"]:
         result = submit(job, dist, "--config", str(demo.config), "--out", str(by_submit))
         assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((by_submit / "report" / "validate.json").read_text())["ok"]
     for name in schemas.TABLES:
         assert table_rows(by_submit, name) == table_rows(by_cli, name)
     manifests = [json.loads((out / "packed" / "manifest.json").read_text()) for out in (by_cli, by_submit)]

@@ -1,3 +1,7 @@
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from mmpack_udfs.config import ConfigError, config_hash, load_config
@@ -62,3 +66,23 @@ def test_config_hash_ignores_spark_settings():
     b = load_config(None, ["spark.master=local[4]"])
     c = load_config(None, ["normalize.split_bytes=7"])
     assert config_hash(a) == config_hash(b) != config_hash(c)
+
+
+def _leaves(config: dict, prefix: str = ""):
+    for key, value in config.items():
+        if isinstance(value, dict) and value and prefix + key != "spark.conf":
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def test_the_readme_reference_names_every_key_with_its_default():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    reference = readme.split("## Configuration reference", 1)[1]
+    documented = dict(re.findall(r"^\| `([^`]+)` \| ([^|]*) \|", reference, re.MULTILINE))
+    for key, value in _leaves(load_config()):
+        generic = re.sub(r"^profiles\.\w+\.(kind|default_system)$", r"profiles.<name>.\1", key)
+        assert generic in documented, f"README's configuration reference lacks {key}"
+        if generic == key and not isinstance(value, dict):
+            shown = value if isinstance(value, str) else json.dumps(value)
+            assert documented[key] == f"`{shown}`", f"README gives {key} the default {documented[key]}"

@@ -1,0 +1,338 @@
+"""The validate stage: check a published packing against its manifest and its source table.
+
+    driver: manifest.json (format, version, totals = the sum of its shards)
+    Spark:  one task per shard: size + sha256, Parquet schema, rows and row groups, and
+            every bin's structure (lengths, cu_seqlens, labels, media spans, budget);
+            emits the shard's sample ids
+    driver: every sample of the manifest's source ``tokenized`` version is in exactly one
+            bin or listed in report/pack_skipped.json, and nothing else is;
+            write report/validate.json, print a summary, fail naming the problems
+
+Run by ``mmpack validate`` and ``jobs/validate.py`` (the DAG's validate-shards task).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs.stages.pack import SKIPPED_NAME
+
+REPORT_NAME = "validate.json"
+EXAMPLES = 5  # bins or ids quoted per problem
+MAX_PROBLEMS = 100  # problems kept in the report (the count is always exact)
+IGNORE_INDEX = -100
+
+CHECKED = pa.schema([("shard", pa.string()), ("sample_id", pa.string()), ("problem", pa.string())])
+
+
+class ValidationError(RuntimeError):
+    """The published packing does not match its manifest or its source."""
+
+
+def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``OUT/packed``; write and print the summary. Raises ValidationError."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    started = time.time()
+    s3 = fs.S3Options.from_config(config.get("s3"))
+    output = fs.normalize_uri(config["output"])
+    manifest = read_manifest(output, s3)
+    problems = manifest_problems(manifest)
+    packed_root = schemas.packed_uri(output)
+
+    listing = spark.createDataFrame(
+        [(json.dumps(s),) for s in manifest["shards"]] or [("{}",)], "entry string"
+    ).repartition(max(1, len(manifest["shards"])))
+    task = partial(check_shards, packed_root=packed_root, budget=manifest["budget"], s3=s3)
+    checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
+    try:
+        problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
+        packed_ids = checked.where("sample_id IS NOT NULL").select("sample_id")
+        skipped = read_skipped(output, manifest, s3, problems)
+        source = source_problems(spark, manifest, packed_ids, skipped, s3)
+        problems += source.pop("problems")
+    finally:
+        checked.unpersist()
+
+    summary = {
+        "manifest": schemas.manifest_uri(output),
+        "run_id": manifest.get("run_id"),
+        "shards": len(manifest["shards"]),
+        "bins": manifest["totals"]["bins"],
+        "samples": manifest["totals"]["samples"],
+        "skipped": len(skipped),
+        "bytes_hashed": sum(s["bytes"] for s in manifest["shards"]),
+        "source": source,
+        "ok": not problems,
+        "problem_count": len(problems),
+        "problems": problems[:MAX_PROBLEMS],
+        "seconds": round(time.time() - started, 2),
+    }
+    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
+    print(format_summary(summary))
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        raise ValidationError(
+            f"{len(problems)} problem(s) in {summary['manifest']} (all in "
+            f"{schemas.report_uri(output, REPORT_NAME)}):\n  {shown}"
+        )
+    return summary
+
+
+def read_manifest(output: str, s3: fs.S3Options | None) -> dict[str, Any]:
+    """manifest.json of ``output``, if it is one this version of mmpack writes."""
+    uri = schemas.manifest_uri(output)
+    if not fs.exists(uri, s3):
+        raise ValidationError(f"no manifest at {uri}: nothing is published there (run the pack stage)")
+    try:
+        manifest = json.loads(fs.read_bytes(uri, s3))
+    except ValueError as err:
+        raise ValidationError(f"{uri} is not valid JSON: {err}") from err
+    found = (manifest.get("format"), manifest.get("format_version"))
+    if found != (schemas.SHARD_FORMAT, schemas.SHARD_FORMAT_VERSION):
+        raise ValidationError(
+            f"{uri} has format {found[0]!r} version {found[1]!r}; expected "
+            f"{schemas.SHARD_FORMAT!r} version {schemas.SHARD_FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """The totals must be the sums over the shards, and shard paths unique."""
+    shards, totals = manifest["shards"], manifest["totals"]
+    sums = {
+        "shards": len(shards),
+        "bins": sum(s["rows"] for s in shards),
+        "samples": sum(s["samples"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "bytes": sum(s["bytes"] for s in shards),
+    }
+    problems = [
+        f"manifest: totals.{key} is {totals.get(key)} but its shards add up to {value}"
+        for key, value in sums.items()
+        if totals.get(key) != value
+    ]
+    if len({s["path"] for s in shards}) != len(shards):
+        problems.append("manifest: a shard path is listed twice")
+    return problems
+
+
+def check_shards(
+    batches: Iterator[pa.RecordBatch], packed_root: str, budget: int, s3: fs.S3Options | None
+) -> Iterator[pa.RecordBatch]:
+    """Spark task: check the shards of its manifest entries; emit problems and sample ids."""
+    for batch in batches:
+        for entry in map(json.loads, batch.column("entry").to_pylist()):
+            if not entry:
+                continue
+            problems, sample_ids = check_shard(packed_root, entry, budget, s3)
+            n = len(problems) + len(sample_ids)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([entry["path"]] * n, pa.string()),
+                    pa.concat_arrays([pa.nulls(len(problems), pa.string()), sample_ids]),
+                    pa.array(problems + [None] * len(sample_ids), pa.string()),
+                ],
+                schema=CHECKED,
+            )
+
+
+def check_shard(
+    packed_root: str, entry: Mapping[str, Any], budget: int, s3: fs.S3Options | None
+) -> tuple[list[str], pa.Array]:
+    """Problems with one shard (named by its manifest entry) and its sample ids."""
+    uri, name = fs.join(packed_root, entry["path"]), entry["path"]
+    no_ids = pa.array([], pa.string())
+    try:
+        sha256, size = fs.sha256_of(uri, s3)
+    except FileNotFoundError:
+        return [f"{name}: missing"], no_ids
+    except OSError as err:  # S3 reports a missing key as an OSError
+        return [f"{name}: cannot be read: {err}"], no_ids
+    if (size, sha256) != (entry["bytes"], entry["sha256"]):
+        return [
+            f"{name}: {size} bytes, sha256 {sha256}; the manifest says "
+            f"{entry['bytes']} bytes, sha256 {entry['sha256']}"
+        ], no_ids
+    filesystem, path = fs.filesystem(uri, s3)
+    with filesystem.open_input_file(path) as f:
+        parquet = pq.ParquetFile(f)
+        if not parquet.schema_arrow.equals(schemas.SHARD):
+            version = schemas.SHARD_FORMAT_VERSION
+            return [f"{name}: its schema is not the shard schema of format version {version}"], no_ids
+        bins = parquet.read()
+        row_groups = parquet.num_row_groups
+    problems = [f"{name}: {p}" for p in bin_problems(bins, budget)]
+    found = {
+        "rows": bins.num_rows,
+        "row_groups": row_groups,
+        "samples": int(pc.sum(bins["num_samples"]).as_py() or 0),
+        "tokens": int(pc.sum(bins["num_tokens"]).as_py() or 0),
+    }
+    problems += [
+        f"{name}: {key} is {value} but the manifest says {entry[key]}"
+        for key, value in found.items()
+        if value != entry[key]
+    ]
+    return problems, pc.list_flatten(bins["sample_ids"]).combine_chunks()
+
+
+def bin_problems(bins: pa.Table, budget: int) -> list[str]:
+    """Structural problems of a shard's bins (pure, vectorized): each names its first bins."""
+    tokens = bins["num_tokens"].to_numpy()
+    samples = bins["num_samples"].to_numpy()
+    length = {name: _lengths(bins[name]) for name in ("input_ids", "labels", "cu_seqlens", "sample_ids")}
+    bad = {
+        "input_ids: length != num_tokens": length["input_ids"] != tokens,
+        "labels: length != num_tokens": length["labels"] != tokens,
+        "sample_ids: length != num_samples": length["sample_ids"] != samples,
+        "cu_seqlens: length != num_samples + 1": length["cu_seqlens"] != samples + 1,
+        "num_samples < 1": samples < 1,
+        f"num_tokens over the budget ({budget})": tokens > budget,
+    }
+    if not any(mask.any() for mask in bad.values()):  # the flat checks need consistent lengths
+        bad.update(_sequence_problems(bins, tokens))
+        bad.update(_label_problems(bins))
+        bad.update(_media_problems(bins, tokens))
+    return [_describe(message, mask) for message, mask in bad.items() if mask.any()]
+
+
+def _sequence_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """cu_seqlens runs from 0 to num_tokens, strictly increasing; Σl² matches."""
+    cu = bins["cu_seqlens"].combine_chunks()
+    offsets = cu.offsets.to_numpy()
+    values = cu.flatten().to_numpy().astype(np.int64)
+    steps = np.diff(values)
+    inside = np.ones(len(steps), bool)
+    inside[offsets[1:-1] - 1] = False  # a step from one bin's list into the next
+    bin_of_step = np.searchsorted(offsets, np.arange(len(steps)), side="right") - 1
+    not_increasing = np.zeros(len(tokens), bool)
+    not_increasing[bin_of_step[(steps <= 0) & inside]] = True
+    squares = np.where(inside, steps, 0) ** 2
+    sum_sq = np.bincount(bin_of_step, weights=squares, minlength=len(tokens)).astype(np.int64)
+    return {
+        "cu_seqlens: does not start at 0 and end at num_tokens": (values[offsets[:-1]] != 0)
+        | (values[offsets[1:] - 1] != tokens),
+        "cu_seqlens: not strictly increasing": not_increasing,
+        "sum_sq_lengths != sum of squared sample lengths": sum_sq != bins["sum_sq_lengths"].to_numpy(),
+    }
+
+
+def _label_problems(bins: pa.Table) -> dict[str, np.ndarray]:
+    """A label is the input id it sits on, or ignored; supervised_tokens counts the others."""
+    ids = pc.list_flatten(bins["input_ids"]).to_numpy()
+    labels = pc.list_flatten(bins["labels"]).to_numpy()
+    offsets = np.concatenate([[0], np.cumsum(_lengths(bins["labels"]))])
+    bin_of_token = np.searchsorted(offsets, np.arange(len(labels)), side="right") - 1
+    supervised = labels != IGNORE_INDEX
+    wrong = np.zeros(bins.num_rows, bool)
+    wrong[bin_of_token[supervised & (labels != ids)]] = True
+    counted = np.bincount(bin_of_token[supervised], minlength=bins.num_rows)
+    return {
+        "labels: a supervised label differs from its input id": wrong,
+        "supervised_tokens != labels that are not -100": counted != bins["supervised_tokens"].to_numpy(),
+    }
+
+
+def _media_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """Every media span lies inside its bin; image/video token counts add up."""
+    media = bins["media"].combine_chunks()
+    items = media.flatten()
+    bin_of_item = np.repeat(np.arange(bins.num_rows), _lengths(bins["media"]))
+    start = items.field("token_offset").to_numpy().astype(np.int64)
+    count = items.field("num_tokens").to_numpy().astype(np.int64)
+    outside = np.zeros(bins.num_rows, bool)
+    outside[bin_of_item[(start < 0) | (start + count > tokens[bin_of_item])]] = True
+    kind = items.field("kind").to_numpy(zero_copy_only=False)
+    found = {}
+    for name in ("image", "video"):
+        per_bin = np.bincount(bin_of_item, weights=np.where(kind == name, count, 0), minlength=bins.num_rows)
+        found[name] = per_bin.astype(np.int64) != bins[f"{name}_tokens"].to_numpy()
+    return {
+        "media: a span lies outside its bin": outside,
+        "image_tokens != the image spans' tokens": found["image"],
+        "video_tokens != the video spans' tokens": found["video"],
+    }
+
+
+def _lengths(column: pa.ChunkedArray) -> np.ndarray:
+    return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _describe(message: str, mask: np.ndarray) -> str:
+    where = np.flatnonzero(mask)
+    shown = ", ".join(str(i) for i in where[:EXAMPLES]) + (", ..." if len(where) > EXAMPLES else "")
+    return f"{message} in {len(where)} bin(s) (rows {shown})"
+
+
+def read_skipped(
+    output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None, problems: list[str]
+) -> list[str]:
+    """Ids the pack stage left out (report/pack_skipped.json), checked against the manifest."""
+    uri = schemas.report_uri(output, SKIPPED_NAME)
+    expected = manifest["totals"]["skipped"]
+    skipped = [s["sample_id"] for s in json.loads(fs.read_bytes(uri, s3))] if fs.exists(uri, s3) else []
+    if len(skipped) != expected:
+        problems.append(f"{uri} lists {len(skipped)} skipped samples; the manifest says {expected}")
+    return skipped
+
+
+def source_problems(spark, manifest: Mapping[str, Any], packed_ids, skipped: list[str], s3) -> dict:
+    """Every sample of the source table version in exactly one bin or skipped, nothing else.
+
+    Returns what was checked and a ``problems`` list. When the source version cannot be
+    read any more (vacuumed, moved), the check is reported as not done, not as a failure.
+    """
+    source = dict(manifest["source"])
+    try:
+        snap = tables.snapshot(source["table"], s3, version=source["version"])
+    except Exception as err:  # delta-rs raises several types for a missing table or version
+        return {**source, "checked": False, "note": f"source not readable: {err}", "problems": []}
+    expected = tables.read_table(spark, source["table"], s3, snap=snap).select("sample_id")
+    skipped_df = spark.createDataFrame([(s,) for s in skipped], "sample_id string")
+    delivered = packed_ids.unionByName(skipped_df)
+    duplicated = delivered.groupBy("sample_id").count().where("count > 1").select("sample_id")
+    missing = expected.join(delivered, "sample_id", "left_anti")
+    unknown = delivered.join(expected, "sample_id", "left_anti").distinct()
+    problems = []
+    for what, frame in (
+        ("in more than one bin (or both packed and skipped)", duplicated),
+        ("of the source table in no bin and not skipped", missing),
+        ("in the shards but not in the source table version", unknown),
+    ):
+        count = frame.count()
+        if count:
+            ids = sorted(r.sample_id for r in frame.limit(EXAMPLES).collect())
+            problems.append(f"{count} sample(s) {what}, e.g. {', '.join(ids)}")
+    return {**source, "checked": True, "rows": expected.count(), "problems": problems}
+
+
+def format_summary(s: Mapping[str, Any]) -> str:
+    source = s["source"]
+    checked = (
+        f"checked against {source['table']} v{source['version']}"
+        if source["checked"]
+        else f"NOT checked against its source ({source['note']})"
+    )
+    lines = [
+        f"validate  run {s['run_id']}  ({s['seconds']} s)",
+        f"  {s['shards']} shard(s), {s['bins']} bins, {s['samples']} samples, {s['skipped']} skipped; "
+        f"{s['bytes_hashed']:,} bytes hashed",
+        f"  samples {checked}",
+    ]
+    if s["ok"]:
+        lines.append("  ok: every shard matches the manifest; every sample is in exactly one bin or skipped")
+    else:
+        lines.append(f"  {s['problem_count']} problem(s):")
+        lines += [f"    {p}" for p in s["problems"][:20]]
+    return "\n".join(lines)
