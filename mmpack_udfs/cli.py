@@ -86,14 +86,14 @@ def run_demo_data(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Generate demo data under OUT/input, then run the pipeline on it into OUT."""
+    """Generate demo data under OUT/input, run the pipeline on it into OUT and validate it."""
     from mmpack_udfs import demo_data
 
     out = Path(args.out)
     demo = demo_data.generate(out / "input", samples=args.samples, seed=args.seed)
     print(f"demo data: {demo.records} records under {demo.root}")
     args.config, args.out = str(demo.config), str(out.resolve())
-    run_stages(args, PIPELINE)
+    run_stages(args, [*PIPELINE, "validate"])
     try:  # the training side is optional: the `train` extra brings torch
         from loader.__main__ import describe_epoch
     except ImportError as err:
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.set_defaults(func=run_demo_data)
 
-    p = commands.add_parser("demo", help="generate demo data and run the pipeline on it")
+    p = commands.add_parser("demo", help="generate demo data, run the pipeline on it and validate it")
     add_config_options(p)
     p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
