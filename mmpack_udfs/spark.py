@@ -12,6 +12,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import pyarrow as pa
+
 EXECUTOR_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "OPENCV_LOG_LEVEL": "ERROR",
@@ -53,3 +55,23 @@ def get_spark(spark_config: Mapping[str, Any], master: str | None = None):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(str(spark_config.get("log_level", "WARN")))
     return spark
+
+
+TASK_COLUMN = "_mmpack_task"
+
+
+def one_task_per_row(spark, table: pa.Table):
+    """A DataFrame with each row of ``table`` (a few small work items: units, splits, files,
+    shards) in a partition of its own, so a mapInArrow over it runs one Spark task per item.
+
+    ``createDataFrame(...).repartition(n)`` does not give that: it deals rows round-robin
+    from a random start, so some tasks get two items and others none, and it adds a shuffle.
+    Here a range of n partitions (one id each) is joined with the broadcast items: no
+    shuffle, and no Python pass to convert the rows.
+    """
+    from pyspark.sql.functions import broadcast
+
+    n = table.num_rows
+    items = spark.createDataFrame(table.append_column(TASK_COLUMN, pa.array(range(n), pa.int64())))
+    tasks = spark.range(n, numPartitions=max(n, 1)).withColumnRenamed("id", TASK_COLUMN)
+    return tasks.join(broadcast(items), TASK_COLUMN).drop(TASK_COLUMN)

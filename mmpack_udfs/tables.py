@@ -26,6 +26,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from mmpack_udfs import fs
+from mmpack_udfs.spark import one_task_per_row
 
 WRITTEN_FILE = pa.schema(
     [
@@ -173,7 +174,7 @@ def read_table(spark, uri: str, s3: fs.S3Options | None = None, snap: Snapshot |
         return spark.createDataFrame([], spark_schema)
     if not any(fs.is_s3(f) for f in files):
         return spark.read.schema(spark_schema).parquet(*files)
-    listing = spark.createDataFrame([(f,) for f in files], "uri string").repartition(len(files))
+    listing = one_task_per_row(spark, pa.table({"uri": pa.array(files, pa.string())}))
 
     def read_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

@@ -17,6 +17,7 @@ from typing import Any
 from mmpack_udfs import fs, inputs, records, schemas, tables
 from mmpack_udfs.config import ConfigError, config_hash
 from mmpack_udfs.sharegpt import DatasetSpec
+from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages import runs
 
 REPORT_NAME = "normalize.json"
@@ -88,7 +89,7 @@ def _normalized_rows(spark, splits, specs, settings, s3):
     from pyspark import StorageLevel
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    split_df = spark.createDataFrame(inputs.splits_table(splits)).repartition(len(splits))
+    split_df = one_task_per_row(spark, inputs.splits_table(splits))
     raw = split_df.mapInArrow(partial(inputs.read_splits_batches, s3=s3), from_arrow_schema(inputs.RAW))
     tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
     normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages import runs
 from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_tokenizer
 
@@ -194,7 +195,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     planned = time.time()
     results: list[dict] = []
     if units:
-        unit_df = spark.createDataFrame(pa.Table.from_pylist(units, schema=UNIT)).repartition(len(units))
+        unit_df = one_task_per_row(spark, pa.Table.from_pylist(units, schema=UNIT))
         task = partial(
             tokenize_units,
             settings=settings,

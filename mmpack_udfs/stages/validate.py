@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages.pack import SKIPPED_NAME
 
 REPORT_NAME = "validate.json"
@@ -50,9 +51,8 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     problems = manifest_problems(manifest)
     packed_root = schemas.packed_uri(output)
 
-    listing = spark.createDataFrame(
-        [(json.dumps(s),) for s in manifest["shards"]] or [("{}",)], "entry string"
-    ).repartition(max(1, len(manifest["shards"])))
+    entries = pa.array([json.dumps(s) for s in manifest["shards"]], pa.string())
+    listing = one_task_per_row(spark, pa.table({"entry": entries}))
     task = partial(check_shards, packed_root=packed_root, budget=manifest["budget"], s3=s3)
     checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
     try:
@@ -133,8 +133,6 @@ def check_shards(
     """Spark task: check the shards of its manifest entries; emit problems and sample ids."""
     for batch in batches:
         for entry in map(json.loads, batch.column("entry").to_pylist()):
-            if not entry:
-                continue
             problems, sample_ids = check_shard(packed_root, entry, budget, s3)
             n = len(problems) + len(sample_ids)
             yield pa.RecordBatch.from_arrays(

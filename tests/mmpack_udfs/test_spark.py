@@ -1,6 +1,9 @@
 import sys
 
-from mmpack_udfs.spark import session_settings
+import pyarrow as pa
+import pytest
+
+from mmpack_udfs.spark import one_task_per_row, session_settings
 
 
 def test_embedded_defaults_and_overrides(monkeypatch):
@@ -17,3 +20,18 @@ def test_spark_submit_keeps_its_own_master(monkeypatch):
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
     settings = session_settings({"master": "local[*]"}, master=None)
     assert "spark.master" not in settings and "spark.pyspark.python" not in settings
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("items", [0, 1, 7, 40])
+def test_one_task_per_row_gives_every_item_its_own_task(spark, items):
+    table = pa.table(
+        {
+            "index": pa.array(range(items), pa.int32()),
+            "uri": pa.array([f"s3://b/{i}" for i in range(items)], pa.string()),
+        }
+    )
+    tasks = one_task_per_row(spark, table).rdd.glom()
+    per_task = tasks.map(lambda rows: [r["index"] for r in rows]).collect()
+    assert [i for task in per_task for i in task] == list(range(items))
+    assert all(len(task) == 1 for task in per_task) if items else per_task in ([], [[]])
