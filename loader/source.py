@@ -7,7 +7,6 @@ standard AWS chain inside pyarrow (nothing here sees or logs them).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,18 +24,9 @@ def load_manifest(manifest_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
     """Read and check manifest.json (a path, a folder holding it, or s3://...)."""
     uri = manifest_uri if manifest_uri.endswith(".json") else fs.join(manifest_uri, schemas.MANIFEST_NAME)
     try:
-        manifest = json.loads(fs.read_bytes(uri, s3))
-    except FileNotFoundError as err:
-        raise ShardError(f"no manifest at {uri}") from err
-    except OSError as err:
-        raise ShardError(f"cannot read the manifest {uri}: {err}") from err
-    if manifest.get("format") != schemas.SHARD_FORMAT:
-        raise ShardError(f"{uri} is not an mmpack manifest (format {manifest.get('format')!r})")
-    if manifest.get("format_version") != schemas.SHARD_FORMAT_VERSION:
-        raise ShardError(
-            f"{uri} has format version {manifest.get('format_version')}; this loader reads version "
-            f"{schemas.SHARD_FORMAT_VERSION}"
-        )
+        manifest = schemas.load_manifest(uri, s3)
+    except schemas.ManifestError as err:
+        raise ShardError(str(err)) from err
     manifest["_root"] = uri.rsplit("/", 1)[0]
     return manifest
 

@@ -27,10 +27,10 @@ class ReportError(RuntimeError):
 
 
 def read_manifest(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
-    uri = schemas.manifest_uri(output)
-    if not fs.exists(uri, s3):
-        raise ReportError(f"no manifest at {uri}: run the pack stage first")
-    return json.loads(fs.read_bytes(uri, s3))
+    try:
+        return schemas.load_manifest(schemas.manifest_uri(output), s3)
+    except schemas.ManifestError as err:
+        raise ReportError(str(err)) from err
 
 
 def read_figures(output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None = None) -> pa.Table:

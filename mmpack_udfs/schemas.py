@@ -5,6 +5,9 @@ Both the jobs and any reader import these; nothing else spells a column list.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pyarrow as pa
 
 from mmpack_udfs import fs
@@ -186,3 +189,27 @@ def packed_uri(output: str) -> str:
 def manifest_uri(output: str) -> str:
     """``OUT/packed/manifest.json``: the one file a reader opens; written last."""
     return fs.join(packed_uri(output), MANIFEST_NAME)
+
+
+class ManifestError(RuntimeError):
+    """No manifest, an unreadable one, or one of another format or format version."""
+
+
+def load_manifest(uri: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
+    """Read manifest.json at ``uri`` and check it is one this version of mmpack writes."""
+    try:
+        manifest = json.loads(fs.read_bytes(uri, s3))
+    except FileNotFoundError as err:
+        raise ManifestError(f"no manifest at {uri}: nothing is published there (run the pack stage)") from err
+    except OSError as err:  # S3 reports a missing key as an OSError
+        raise ManifestError(f"cannot read the manifest {uri}: {err}") from err
+    except ValueError as err:
+        raise ManifestError(f"{uri} is not valid JSON: {err}") from err
+    if manifest.get("format") != SHARD_FORMAT:
+        raise ManifestError(f"{uri} is not an mmpack manifest (format {manifest.get('format')!r})")
+    if manifest.get("format_version") != SHARD_FORMAT_VERSION:
+        raise ManifestError(
+            f"{uri} has format version {manifest.get('format_version')}; this version of mmpack "
+            f"reads version {SHARD_FORMAT_VERSION}"
+        )
+    return manifest

@@ -132,7 +132,7 @@ def _bin_media(
     read_media: Callable[[str], bytes] | None,
 ) -> pa.ListArray:
     """Each row's media moved into its bin: offsets shifted to the bin, sample index added."""
-    counts = pc.list_value_length(media).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = list_lengths(media)
     items = media.flatten()
     row_of_item = np.repeat(np.arange(len(counts)), counts)
     bin_of_row = np.repeat(np.arange(len(row_offsets) - 1), np.diff(row_offsets))
@@ -152,6 +152,11 @@ def _bin_media(
     item_counts = np.add.reduceat(counts, row_offsets[:-1]) if len(counts) else np.zeros(0, np.int64)
     offsets = np.concatenate([[0], np.cumsum(item_counts)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), structs)
+
+
+def list_lengths(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The length of each list in a list column, as int64."""
+    return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 class _HashingSink:

@@ -93,7 +93,7 @@ class PackSettings:
     def second_sizes(self, rows: pa.Table) -> np.ndarray | None:
         """The second size of each row, or None without a second budget."""
         if self.second_by == "media_items":
-            return pc.list_value_length(rows.column("media")).to_numpy(zero_copy_only=False).astype(np.int64)
+            return shards.list_lengths(rows.column("media"))
         if self.second_by == "vision_patches":
             vision = rows.column("image_tokens").to_numpy() + rows.column("video_tokens").to_numpy()
             return vision.astype(np.int64) * shards.VISION_PATCHES_PER_TOKEN

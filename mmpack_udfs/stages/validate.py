@@ -13,6 +13,7 @@ Run by ``mmpack validate`` and ``jobs/validate.py`` (the DAG's validate-shards t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -25,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs.shards import list_lengths
 from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages.pack import SKIPPED_NAME
 
@@ -47,7 +49,10 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     started = time.time()
     s3 = fs.S3Options.from_config(config.get("s3"))
     output = fs.normalize_uri(config["output"])
-    manifest = read_manifest(output, s3)
+    try:
+        manifest = schemas.load_manifest(schemas.manifest_uri(output), s3)
+    except schemas.ManifestError as err:
+        raise ValidationError(str(err)) from err
     problems = manifest_problems(manifest)
     packed_root = schemas.packed_uri(output)
 
@@ -58,7 +63,8 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     try:
         problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
         packed_ids = checked.where("sample_id IS NOT NULL").select("sample_id")
-        skipped = read_skipped(output, manifest, s3, problems)
+        skipped, skipped_problems = read_skipped(output, manifest, s3)
+        problems += skipped_problems
         source = source_problems(spark, manifest, packed_ids, skipped, s3)
         problems += source.pop("problems")
     finally:
@@ -87,24 +93,6 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
             f"{schemas.report_uri(output, REPORT_NAME)}):\n  {shown}"
         )
     return summary
-
-
-def read_manifest(output: str, s3: fs.S3Options | None) -> dict[str, Any]:
-    """manifest.json of ``output``, if it is one this version of mmpack writes."""
-    uri = schemas.manifest_uri(output)
-    if not fs.exists(uri, s3):
-        raise ValidationError(f"no manifest at {uri}: nothing is published there (run the pack stage)")
-    try:
-        manifest = json.loads(fs.read_bytes(uri, s3))
-    except ValueError as err:
-        raise ValidationError(f"{uri} is not valid JSON: {err}") from err
-    found = (manifest.get("format"), manifest.get("format_version"))
-    if found != (schemas.SHARD_FORMAT, schemas.SHARD_FORMAT_VERSION):
-        raise ValidationError(
-            f"{uri} has format {found[0]!r} version {found[1]!r}; expected "
-            f"{schemas.SHARD_FORMAT!r} version {schemas.SHARD_FORMAT_VERSION}"
-        )
-    return manifest
 
 
 def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
@@ -152,24 +140,23 @@ def check_shard(
     uri, name = fs.join(packed_root, entry["path"]), entry["path"]
     no_ids = pa.array([], pa.string())
     try:
-        sha256, size = fs.sha256_of(uri, s3)
+        data = fs.read_bytes(uri, s3)  # read once: hashed, then decoded from memory
     except FileNotFoundError:
         return [f"{name}: missing"], no_ids
     except OSError as err:  # S3 reports a missing key as an OSError
         return [f"{name}: cannot be read: {err}"], no_ids
+    size, sha256 = len(data), hashlib.sha256(data).hexdigest()
     if (size, sha256) != (entry["bytes"], entry["sha256"]):
         return [
             f"{name}: {size} bytes, sha256 {sha256}; the manifest says "
             f"{entry['bytes']} bytes, sha256 {entry['sha256']}"
         ], no_ids
-    filesystem, path = fs.filesystem(uri, s3)
-    with filesystem.open_input_file(path) as f:
-        parquet = pq.ParquetFile(f)
-        if not parquet.schema_arrow.equals(schemas.SHARD):
-            version = schemas.SHARD_FORMAT_VERSION
-            return [f"{name}: its schema is not the shard schema of format version {version}"], no_ids
-        bins = parquet.read()
-        row_groups = parquet.num_row_groups
+    parquet = pq.ParquetFile(pa.BufferReader(data))
+    if not parquet.schema_arrow.equals(schemas.SHARD):
+        version = schemas.SHARD_FORMAT_VERSION
+        return [f"{name}: its schema is not the shard schema of format version {version}"], no_ids
+    bins = parquet.read()
+    row_groups = parquet.num_row_groups
     problems = [f"{name}: {p}" for p in bin_problems(bins, budget)]
     found = {
         "rows": bins.num_rows,
@@ -189,7 +176,7 @@ def bin_problems(bins: pa.Table, budget: int) -> list[str]:
     """Structural problems of a shard's bins (pure, vectorized): each names its first bins."""
     tokens = bins["num_tokens"].to_numpy()
     samples = bins["num_samples"].to_numpy()
-    length = {name: _lengths(bins[name]) for name in ("input_ids", "labels", "cu_seqlens", "sample_ids")}
+    length = {name: list_lengths(bins[name]) for name in ("input_ids", "labels", "cu_seqlens", "sample_ids")}
     bad = {
         "input_ids: length != num_tokens": length["input_ids"] != tokens,
         "labels: length != num_tokens": length["labels"] != tokens,
@@ -213,7 +200,7 @@ def _sequence_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarr
     steps = np.diff(values)
     inside = np.ones(len(steps), bool)
     inside[offsets[1:-1] - 1] = False  # a step from one bin's list into the next
-    bin_of_step = np.searchsorted(offsets, np.arange(len(steps)), side="right") - 1
+    bin_of_step = _bin_of_element(list_lengths(cu))[:-1]  # a step belongs to the bin of its start
     not_increasing = np.zeros(len(tokens), bool)
     not_increasing[bin_of_step[(steps <= 0) & inside]] = True
     squares = np.where(inside, steps, 0) ** 2
@@ -230,8 +217,7 @@ def _label_problems(bins: pa.Table) -> dict[str, np.ndarray]:
     """A label is the input id it sits on, or ignored; supervised_tokens counts the others."""
     ids = pc.list_flatten(bins["input_ids"]).to_numpy()
     labels = pc.list_flatten(bins["labels"]).to_numpy()
-    offsets = np.concatenate([[0], np.cumsum(_lengths(bins["labels"]))])
-    bin_of_token = np.searchsorted(offsets, np.arange(len(labels)), side="right") - 1
+    bin_of_token = _bin_of_element(list_lengths(bins["labels"]))
     supervised = labels != IGNORE_INDEX
     wrong = np.zeros(bins.num_rows, bool)
     wrong[bin_of_token[supervised & (labels != ids)]] = True
@@ -246,7 +232,7 @@ def _media_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]
     """Every media span lies inside its bin; image/video token counts add up."""
     media = bins["media"].combine_chunks()
     items = media.flatten()
-    bin_of_item = np.repeat(np.arange(bins.num_rows), _lengths(bins["media"]))
+    bin_of_item = _bin_of_element(list_lengths(bins["media"]))
     start = items.field("token_offset").to_numpy().astype(np.int64)
     count = items.field("num_tokens").to_numpy().astype(np.int64)
     outside = np.zeros(bins.num_rows, bool)
@@ -263,8 +249,9 @@ def _media_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]
     }
 
 
-def _lengths(column: pa.ChunkedArray) -> np.ndarray:
-    return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+def _bin_of_element(lengths: np.ndarray) -> np.ndarray:
+    """For the flattened elements of a list column, the row (bin) each belongs to."""
+    return np.repeat(np.arange(len(lengths)), lengths)
 
 
 def _describe(message: str, mask: np.ndarray) -> str:
@@ -274,15 +261,16 @@ def _describe(message: str, mask: np.ndarray) -> str:
 
 
 def read_skipped(
-    output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None, problems: list[str]
-) -> list[str]:
-    """Ids the pack stage left out (report/pack_skipped.json), checked against the manifest."""
+    output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None
+) -> tuple[list[str], list[str]]:
+    """Ids the pack stage left out (report/pack_skipped.json), and the problem if their number
+    is not the manifest's."""
     uri = schemas.report_uri(output, SKIPPED_NAME)
     expected = manifest["totals"]["skipped"]
     skipped = [s["sample_id"] for s in json.loads(fs.read_bytes(uri, s3))] if fs.exists(uri, s3) else []
     if len(skipped) != expected:
-        problems.append(f"{uri} lists {len(skipped)} skipped samples; the manifest says {expected}")
-    return skipped
+        return skipped, [f"{uri} lists {len(skipped)} skipped samples; the manifest says {expected}"]
+    return skipped, []
 
 
 def source_problems(spark, manifest: Mapping[str, Any], packed_ids, skipped: list[str], s3) -> dict:
