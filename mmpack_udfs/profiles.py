@@ -16,10 +16,17 @@ Both render turns as ChatML (``<|im_start|>role\\n…<|im_end|>\\n``).
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dis
+import importlib
+import importlib.util
 import math
-from collections.abc import Mapping
+import types
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, ClassVar
 
 from mmpack_udfs.reasons import Reason, Rejected
@@ -84,12 +91,60 @@ class Profile:
         raise NotImplementedError
 
 
+SMART_RESIZE_MODULE = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
+
+
 @lru_cache(maxsize=1)
 def _smart_resize():
-    """transformers' own Qwen2-VL resize rule (imported once; the import takes a second)."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    """transformers' own Qwen2-VL resize rule. Importing its module imports transformers and
+    torch (~3 s in every Python worker), so the function is compiled from that module's source
+    file instead; if the file no longer holds it as a plain function whose globals are
+    imported modules and builtins, it is imported the normal way. (A test checks that the
+    compiled code is the imported code.)"""
+    try:
+        return smart_resize_from_source()
+    except (LookupError, OSError, SyntaxError):
+        module = importlib.import_module(SMART_RESIZE_MODULE)
+        return module.smart_resize
 
-    return smart_resize
+
+def smart_resize_from_source():
+    """``smart_resize`` compiled from transformers' installed source, without importing it."""
+    spec = importlib.util.find_spec("transformers")  # finds the package, does not import it
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError("transformers is not installed")
+    relative = SMART_RESIZE_MODULE.split(".", 1)[1].replace(".", "/") + ".py"
+    path = Path(spec.submodule_search_locations[0]) / relative
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "smart_resize"]
+    if len(found) != 1 or found[0].decorator_list:
+        raise LookupError(f"{path} has no plain smart_resize function")
+    # With the module's own `import` lines for the names it uses, so it compiles to the same
+    # bytecode as in the module.
+    names = {n.id for n in ast.walk(found[0]) if isinstance(n, ast.Name)}
+    imports = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.Import) and any((a.asname or a.name) in names for a in node.names)
+    ]
+    namespace: dict[str, Any] = {"__name__": SMART_RESIZE_MODULE}
+    code = compile(ast.Module(body=imports + found, type_ignores=[]), str(path), "exec", dont_inherit=True)
+    exec(code, namespace)
+    function = namespace["smart_resize"]
+    unknown = set(_global_names(function.__code__)) - set(namespace) - set(dir(builtins))
+    if unknown:
+        raise LookupError(f"{path}: smart_resize needs {sorted(unknown)}")
+    return function
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    """Names a function's code looks up as globals (its own and nested code's)."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            yield instruction.argval
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)
 
 
 class Qwen2VL(Profile):

@@ -44,17 +44,20 @@ class TokenizeSettings:
     max_tokens: int
     over_length: str = "drop"
     loss: str = "assistant"
+    tokenizer_json: bool = False  # workers may load tokenizer.json alone (checked on the driver)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TokenizeSettings:
         section = config["tokenize"]
+        path = tokenizers.resolve_path(section["tokenizer"])
         return cls(
-            tokenizer_path=tokenizers.resolve_path(section["tokenizer"]),
+            tokenizer_path=path,
             profile_name=section["profile"],
             profile=dict(config["profiles"][section["profile"]]),
             max_tokens=section["max_tokens"],
             over_length=section["over_length"],
             loss=section["loss"],
+            tokenizer_json=tokenizers.json_matches_auto(path),
         )
 
 
@@ -88,8 +91,7 @@ class SampleTokenizer:
 
     def __init__(self, settings: TokenizeSettings) -> None:
         self.settings = settings
-        self.hf = tokenizers.load(settings.tokenizer_path)
-        self.backend = self.hf.backend_tokenizer
+        self.backend = tokenizers.load_backend(settings.tokenizer_path, settings.tokenizer_json)
         self.profile: Profile = make_profile(settings.profile_name, settings.profile)
         self.special = {tok: self._token_id(tok) for tok in self.profile.special_tokens()}
         self._constants: dict[str, tuple[int, ...]] = {}
@@ -104,8 +106,8 @@ class SampleTokenizer:
         return ids
 
     def _token_id(self, token: str) -> int:
-        token_id = self.hf.convert_tokens_to_ids(token)
-        if token_id is None or token_id == self.hf.unk_token_id:
+        token_id = self.backend.token_to_id(token)
+        if token_id is None:
             raise ValueError(
                 f"tokenizer {self.settings.tokenizer_path} has no token {token!r}, "
                 f"which profile '{self.profile.name}' needs"

@@ -6,15 +6,21 @@ fast tokenizer with transformers' ``TikTokenConverter`` (ids identical to tiktok
 then adds the Qwen2-VL special tokens at their real ids (151643…) and the Qwen2-VL chat
 template. It is built once and cached on disk.
 
-Executors load a tokenizer once per Python worker, from its path (``load``): the object
-is never pickled into a closure.
+AutoTokenizer defines what a directory's tokenizer is. Executors load it once per Python
+worker, from its path (``load_backend``): the object is never pickled into a closure. When
+the driver has checked that ``tokenizer.json`` alone builds exactly the tokenizer
+AutoTokenizer builds (``json_matches_auto``), workers load that file with ``tokenizers``
+and never import transformers (and torch with it): 0.5 s per worker instead of ~3 s.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
 QWEN2_VL_SPECIAL_TOKENS = [
@@ -108,3 +114,56 @@ def load(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+def load_backend(path: str, from_json: bool):
+    """The ``tokenizers.Tokenizer`` that encodes for the directory ``path``, once per process:
+    read from its tokenizer.json when ``from_json`` (see ``json_matches_auto``), else the
+    backend of the AutoTokenizer."""
+    if not from_json:
+        return load(path).backend_tokenizer
+    return _load_json(path)
+
+
+@lru_cache(maxsize=4)
+def _load_json(path: str):
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+
+
+HASHED_FILE_BYTES = 64 * 2**20  # larger files (model weights) are identified by name and size
+
+
+def json_matches_auto(path: str) -> bool:
+    """True when ``tokenizer.json`` in ``path`` builds the same tokenizer as AutoTokenizer
+    (their serializations are equal). Checked once per directory content and library
+    versions; the verdict is cached under ``cache_dir()``."""
+    if not (Path(path) / "tokenizer.json").is_file():
+        return False
+    verdict = cache_dir() / "tokenizer-checks" / f"{_directory_key(path)}.json"
+    if verdict.exists():
+        return bool(json.loads(verdict.read_text())["matches"])
+    matches = load(path).backend_tokenizer.to_str() == _load_json(path).to_str()
+    verdict.parent.mkdir(parents=True, exist_ok=True)
+    tmp = verdict.with_name(f"{verdict.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"path": str(path), "matches": matches}))
+    tmp.replace(verdict)
+    return matches
+
+
+def _directory_key(path: str) -> str:
+    """A hash of what AutoTokenizer's result depends on: the directory's files and the
+    transformers and tokenizers versions."""
+    digest = hashlib.sha256()
+    for package in ("transformers", "tokenizers"):
+        digest.update(f"{package}={metadata.version(package)}\n".encode())
+    for file in sorted(Path(path).iterdir()):
+        if not file.is_file():
+            continue
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}\n".encode())
+        if size <= HASHED_FILE_BYTES:
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
