@@ -181,39 +181,53 @@ class SampleTokenizer:
 
     def encode(self, conversations: Sequence[list[Piece]]) -> list[Encoded]:
         """Ids, labels and piece lengths of every conversation. One Rust call encodes all plain
-        texts; texts that start with a role header (rare) go through a second call with offsets."""
+        texts; texts that start with a role header (rare) go through a second call with offsets.
+        The batch is assembled flat: ids in one list where a pad run is a single id (expanded
+        by ``np.repeat``), labels from a per-piece supervision mask."""
         plain = [p.text for conv in conversations for p in conv if p.text is not None and not p.header_chars]
         headed = [p.text for conv in conversations for p in conv if p.header_chars]
         plain_ids = iter(self.backend.encode_batch_fast(plain, add_special_tokens=False))
         headed_enc = iter(self.backend.encode_batch(headed, add_special_tokens=False) if headed else ())
-        out = []
+        compact: list[int] = []  # the batch's ids, each pad run as one id
+        runs: list[tuple[int, int]] = []  # (position in compact, length) of each pad run
+        lengths: list[int] = []  # tokens per piece
+        supervised: list[bool] = []  # per piece
+        header_tokens: list[tuple[int, int]] = []  # (piece, its leading header tokens) to unsupervise
         for conv in conversations:
-            ids: list[int] = []
-            lengths: list[int] = []
-            supervised: list[tuple[int, int]] = []  # [start, end) token ranges
             for p in conv:
-                start = len(ids)
                 if p.text is None:
-                    ids += p.ids * p.repeat
+                    if p.repeat > 1 and len(p.ids) == 1:
+                        runs.append((len(compact), p.repeat))
+                        compact += p.ids
+                    else:
+                        compact += p.ids * p.repeat
+                    lengths.append(len(p.ids) * p.repeat)
                 elif p.header_chars:
                     enc = next(headed_enc)
-                    ids += enc.ids
+                    compact += enc.ids
+                    lengths.append(len(enc.ids))
                     if p.supervised:
-                        offsets = enc.offsets
-                        first = next(
-                            (i for i, (a, _) in enumerate(offsets) if a >= p.header_chars), len(offsets)
-                        )
-                        supervised.append((start + first, len(ids)))
+                        header_tokens.append((len(lengths) - 1, _tokens_before(enc.offsets, p.header_chars)))
                 else:
-                    ids += next(plain_ids).ids
-                if p.supervised and not p.header_chars:
-                    supervised.append((start, len(ids)))
-                lengths.append(len(ids) - start)
-            token_ids = np.array(ids, np.int32)
-            labels = np.full(len(ids), IGNORE, np.int32)
-            for a, b in supervised:
-                labels[a:b] = token_ids[a:b]
-            out.append(Encoded(token_ids, labels, lengths))
+                    ids = next(plain_ids).ids
+                    compact += ids
+                    lengths.append(len(ids))
+                supervised.append(p.supervised)
+        repeats = np.ones(len(compact), np.int64)
+        for position, length in runs:
+            repeats[position] = length
+        token_ids = np.repeat(np.array(compact, np.int32), repeats)
+        starts = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+        mask = np.repeat(np.array(supervised, bool), lengths)
+        for piece, count in header_tokens:
+            mask[starts[piece] : starts[piece] + count] = False
+        labels = np.where(mask, token_ids, np.int32(IGNORE))
+        out, first_piece = [], 0
+        for conv in conversations:
+            end_piece = first_piece + len(conv)
+            a, b = starts[first_piece], starts[end_piece]
+            out.append(Encoded(token_ids[a:b], labels[a:b], lengths[first_piece:end_piece]))
+            first_piece = end_piece
         return out
 
     # --- samples -----------------------------------------------------------------------
@@ -313,6 +327,11 @@ class Encoded(NamedTuple):
     ids: np.ndarray  # int32
     labels: np.ndarray  # int32, IGNORE where not supervised
     lengths: list[int]  # tokens per piece
+
+
+def _tokens_before(offsets: Sequence[tuple[int, int]], chars: int) -> int:
+    """How many leading tokens start inside the first ``chars`` characters."""
+    return next((i for i, (start, _) in enumerate(offsets) if start >= chars), len(offsets))
 
 
 def _assemble(sample_id: str, sample, plans, pieces, enc: Encoded) -> Tokenized:

@@ -15,6 +15,7 @@ and never import transformers (and torch with it): 0.5 s per worker instead of ~
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -146,10 +147,11 @@ def json_matches_auto(path: str) -> bool:
     if verdict.exists():
         return bool(json.loads(verdict.read_text())["matches"])
     matches = load(path).backend_tokenizer.to_str() == _load_json(path).to_str()
-    verdict.parent.mkdir(parents=True, exist_ok=True)
-    tmp = verdict.with_name(f"{verdict.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"path": str(path), "matches": matches}))
-    tmp.replace(verdict)
+    with contextlib.suppress(OSError):  # a read-only cache only costs the check again next time
+        verdict.parent.mkdir(parents=True, exist_ok=True)
+        tmp = verdict.with_name(f"{verdict.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"path": str(path), "matches": matches}))
+        tmp.replace(verdict)
     return matches
 
 
