@@ -109,9 +109,9 @@ def main() -> None:
     data = demo_dataset(args.samples)
     out = OUT / "tokenize-run"
     normalize.run(spark, load_config(data.config, [f"output={out}"]))
-    settings_config = load_config(data.config, [f"output={out}"])
-    texts = stage_texts(TokenizeSettings.from_config(settings_config), table_uri(str(out), "samples"))
-    tokenizer_path = TokenizeSettings.from_config(settings_config).tokenizer_path
+    settings = TokenizeSettings.from_config(load_config(data.config, [f"output={out}"]))
+    texts = stage_texts(settings, table_uri(str(out), "samples"))
+    tokenizer_path = settings.tokenizer_path
 
     # The machine's speed drifts by ±30 % over minutes, so the two sides alternate and each
     # round's ratio compares runs made next to each other.

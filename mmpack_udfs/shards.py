@@ -72,7 +72,7 @@ def build_bins(
     row_offsets = (lay.bin_starts[first_bin : end_bin + 1] - lo).astype(np.int64)
     num_bins = end_bin - first_bin
     lengths = taken.column("num_tokens").to_numpy().astype(np.int64)
-    bin_index = np.repeat(np.arange(num_bins), np.diff(row_offsets))
+    bin_index = owner_of_elements(np.diff(row_offsets))
     token_starts = np.concatenate([[0], np.cumsum(lengths)])  # of each row, within the shard
     bin_token_offsets = token_starts[row_offsets]
     start_in_bin = token_starts[:-1] - bin_token_offsets[bin_index]
@@ -134,8 +134,8 @@ def _bin_media(
     """Each row's media moved into its bin: offsets shifted to the bin, sample index added."""
     counts = list_lengths(media)
     items = media.flatten()
-    row_of_item = np.repeat(np.arange(len(counts)), counts)
-    bin_of_row = np.repeat(np.arange(len(row_offsets) - 1), np.diff(row_offsets))
+    row_of_item = owner_of_elements(counts)
+    bin_of_row = owner_of_elements(np.diff(row_offsets))
     sample_index = row_of_item - row_offsets[bin_of_row[row_of_item]]
     token_offset = items.field("token_offset").to_numpy(zero_copy_only=False) + start_in_bin[row_of_item]
     uris = items.field("uri").to_pylist()
@@ -157,6 +157,12 @@ def _bin_media(
 def list_lengths(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The length of each list in a list column, as int64."""
     return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def owner_of_elements(lengths: np.ndarray) -> np.ndarray:
+    """For consecutive groups of ``lengths`` elements (the flattened values of a list column,
+    the rows of consecutive bins), the index of the group each element belongs to."""
+    return np.repeat(np.arange(len(lengths)), lengths)
 
 
 class _HashingSink:

@@ -24,6 +24,8 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+from mmpack_udfs import fs
+
 QWEN2_VL_SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -167,5 +169,5 @@ def _directory_key(path: str) -> str:
         size = file.stat().st_size
         digest.update(f"{file.name}:{size}\n".encode())
         if size <= HASHED_FILE_BYTES:
-            digest.update(hashlib.sha256(file.read_bytes()).digest())
+            digest.update(fs.sha256_of(str(file))[0].encode())
     return digest.hexdigest()

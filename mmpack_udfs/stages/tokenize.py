@@ -12,7 +12,6 @@ task rewrites identical files and the output follows the samples table's order.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -84,9 +83,7 @@ def derive_run_id(
     config: Mapping[str, Any], samples_uri: str, samples_version: int, tokenizer_path: str
 ) -> str:
     tokenizer_file = Path(tokenizer_path) / "tokenizer.json"
-    tokenizer_hash = (
-        hashlib.sha256(tokenizer_file.read_bytes()).hexdigest() if tokenizer_file.exists() else ""
-    )
+    tokenizer_hash = fs.sha256_of(str(tokenizer_file))[0] if tokenizer_file.exists() else ""
     relevant = {
         "samples": [samples_uri, samples_version],
         "tokenize": config["tokenize"],

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas, tables
-from mmpack_udfs.shards import list_lengths
+from mmpack_udfs.shards import list_lengths, owner_of_elements
 from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages.pack import SKIPPED_NAME
 
@@ -200,7 +200,7 @@ def _sequence_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarr
     steps = np.diff(values)
     inside = np.ones(len(steps), bool)
     inside[offsets[1:-1] - 1] = False  # a step from one bin's list into the next
-    bin_of_step = _bin_of_element(list_lengths(cu))[:-1]  # a step belongs to the bin of its start
+    bin_of_step = owner_of_elements(list_lengths(cu))[:-1]  # a step belongs to the bin of its start
     not_increasing = np.zeros(len(tokens), bool)
     not_increasing[bin_of_step[(steps <= 0) & inside]] = True
     squares = np.where(inside, steps, 0) ** 2
@@ -217,7 +217,7 @@ def _label_problems(bins: pa.Table) -> dict[str, np.ndarray]:
     """A label is the input id it sits on, or ignored; supervised_tokens counts the others."""
     ids = pc.list_flatten(bins["input_ids"]).to_numpy()
     labels = pc.list_flatten(bins["labels"]).to_numpy()
-    bin_of_token = _bin_of_element(list_lengths(bins["labels"]))
+    bin_of_token = owner_of_elements(list_lengths(bins["labels"]))
     supervised = labels != IGNORE_INDEX
     wrong = np.zeros(bins.num_rows, bool)
     wrong[bin_of_token[supervised & (labels != ids)]] = True
@@ -232,7 +232,7 @@ def _media_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]
     """Every media span lies inside its bin; image/video token counts add up."""
     media = bins["media"].combine_chunks()
     items = media.flatten()
-    bin_of_item = _bin_of_element(list_lengths(bins["media"]))
+    bin_of_item = owner_of_elements(list_lengths(bins["media"]))
     start = items.field("token_offset").to_numpy().astype(np.int64)
     count = items.field("num_tokens").to_numpy().astype(np.int64)
     outside = np.zeros(bins.num_rows, bool)
@@ -247,11 +247,6 @@ def _media_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]
         "image_tokens != the image spans' tokens": found["image"],
         "video_tokens != the video spans' tokens": found["video"],
     }
-
-
-def _bin_of_element(lengths: np.ndarray) -> np.ndarray:
-    """For the flattened elements of a list column, the row (bin) each belongs to."""
-    return np.repeat(np.arange(len(lengths)), lengths)
 
 
 def _describe(message: str, mask: np.ndarray) -> str:
