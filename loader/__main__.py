@@ -13,25 +13,36 @@ from loader.collate import collate_packed
 from loader.dataset import PackedDataset
 
 
-def describe_epoch(manifest_uri: str, bins_per_step: int = 1, workers: int = 0, epoch: int = 0) -> int:
+def describe_epoch(
+    manifest_uri: str,
+    bins_per_step: int = 1,
+    workers: int = 0,
+    epoch: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> int:
     """Print one line per step of one epoch; return the number of steps."""
-    dataset = PackedDataset(manifest_uri)
+    dataset = PackedDataset(manifest_uri, rank=rank, world_size=world_size)
     dataset.set_epoch(epoch)
     loader = DataLoader(dataset, batch_size=bins_per_step, collate_fn=collate_packed, num_workers=workers)
-    print(f"loader: {manifest_uri}, epoch {epoch}, {len(dataset)} bins, {bins_per_step} bin(s) per step")
+    print(
+        f"loader: {manifest_uri}, epoch {epoch}, {len(dataset)} bins on this rank, "
+        f"{bins_per_step} bin(s) per step, {dataset.num_batches(bins_per_step, workers)} steps"
+    )
     started, steps, tokens = time.perf_counter(), 0, 0
     for steps, batch in enumerate(loader, start=1):
         vision = ""
         for key in ("pixel_values", "pixel_values_videos"):
             if key in batch:
                 vision += f", {key} {tuple(batch[key].shape)}"
-        supervised = int((batch["labels"] != -100).sum())
+        meta = batch.meta
+        filler = f", {meta['fillers']} filler bin(s)" if meta["fillers"] else ""
         print(
             f"  step {steps:3d}: input_ids {tuple(batch['input_ids'].shape)}, "
-            f"{len(batch['cu_seqlens']) - 1} samples (cu_seqlens int32), max_seqlen {batch['max_seqlen']}, "
-            f"{supervised} supervised{vision}"
+            f"position_ids {tuple(batch['position_ids'].shape)}, {len(meta['sample_ids'])} samples, "
+            f"max_length {batch['max_length_q']}, {meta['supervised_tokens']} supervised{vision}{filler}"
         )
-        tokens += batch["num_tokens"]
+        tokens += batch.meta["num_tokens"]
     seconds = time.perf_counter() - started
     print(f"loader: {steps} steps, {tokens:,} tokens in {seconds:.1f} s")
     return steps
@@ -43,8 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bins-per-step", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--epoch", type=int, default=0)
+    parser.add_argument("--rank", type=int, default=None, help="read as this data-parallel rank")
+    parser.add_argument("--world-size", type=int, default=None)
     args = parser.parse_args(argv)
-    describe_epoch(args.manifest, args.bins_per_step, args.workers, args.epoch)
+    describe_epoch(args.manifest, args.bins_per_step, args.workers, args.epoch, args.rank, args.world_size)
     return 0
 
 

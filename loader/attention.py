@@ -11,15 +11,20 @@ import torch
 import torch.nn.functional as F
 
 
-def block_diagonal_mask(cu_seqlens: torch.Tensor, causal: bool = True) -> torch.Tensor:
-    """[T, T] bool, True where query i may attend key j: same sample (and j <= i if causal)."""
+def block_diagonal_mask(
+    cu_seqlens: torch.Tensor, causal: bool = True, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """[T, T] additive mask: 0 where query i may attend key j (same sample, and j <= i if
+    causal), -inf elsewhere. Additive, so it blocks whether it is added to the scores
+    (eager attention) or passed to SDPA; every row keeps its diagonal, so no row is empty."""
     total = int(cu_seqlens[-1])
     lengths = torch.diff(cu_seqlens.long())
     sample = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths)
-    mask = sample[:, None] == sample[None, :]
+    allowed = sample[:, None] == sample[None, :]
     if causal:
-        mask &= torch.ones(total, total, dtype=torch.bool, device=cu_seqlens.device).tril()
-    return mask
+        allowed &= torch.ones(total, total, dtype=torch.bool, device=cu_seqlens.device).tril()
+    mask = torch.zeros(total, total, dtype=dtype, device=cu_seqlens.device)
+    return mask.masked_fill_(~allowed, float("-inf"))
 
 
 def _flash_varlen():
@@ -47,7 +52,7 @@ def varlen_attention(
     if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head across its query heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    mask = block_diagonal_mask(cu_seqlens.to(q.device), causal)
+    mask = block_diagonal_mask(cu_seqlens.to(q.device), causal, q.dtype)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k.transpose(0, 1)[None],

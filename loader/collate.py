@@ -1,5 +1,14 @@
-"""Micro-batches of several bins: one flat sequence with offsets (varlen), optionally padded
-to a fixed length so that every step has the same shapes (CUDA graphs, torch.compile)."""
+"""Bins → one micro-batch a model takes as it is: ``model(**batch)``.
+
+Several bins become one flat sequence of shape [1, T] whose samples never see each other:
+transformers finds the sample boundaries from the text positions, which restart at 0 per
+sample, when there is no ``attention_mask`` and no KV cache (SDPA and eager build a
+block-diagonal causal mask from them); flash-attn 2 takes the boundaries directly as
+``cu_seq_lens_q/k`` and ``max_length_q/k``. For Qwen2-VL, ``position_ids`` is [4, 1, T]:
+row 0 the text positions, rows 1–3 the per-sample mRoPE (with 3 rows, transformers finds
+no boundaries and samples silently attend to each other). Optionally T is padded to a
+fixed length (CUDA graphs, torch.compile): the padding is one more masked sequence.
+"""
 
 from __future__ import annotations
 
@@ -10,30 +19,55 @@ import torch
 
 from loader.dataset import IGNORE
 
-CONCATENATED = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "num_tiles")
+VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
 
-def collate_packed(items: Sequence[dict[str, Any]], pad_to: int | None = None, pad_token_id: int = 0) -> dict:
-    """Concatenate bins into ``input_ids``/``labels``/``position_ids`` of shape [1, T],
-    ``cu_seqlens`` over all their samples and ``max_seqlen``; vision tensors are concatenated
-    in order. With ``pad_to``, T is padded to exactly that length: the padding is one extra
-    sequence in ``cu_seqlens`` with labels -100 (so no loss and no attention leaks)."""
+class PackedBatch(dict):
+    """The keyword arguments of one forward pass (``model(**batch)``), and ``meta``: what the
+    batch holds (``sample_ids`` and ``sample_supervised_tokens`` of the real samples,
+    ``num_tokens``, ``supervised_tokens``, ``num_bins``, ``fillers``; ``num_tiles`` for
+    internvl), kept out of the model's arguments."""
+
+    meta: dict[str, Any]
+
+    def __init__(self, inputs: dict[str, Any], meta: dict[str, Any]) -> None:
+        super().__init__(inputs)
+        self.meta = meta
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
+        """A copy with every tensor on ``device`` (flash-attn wants ``cu_seq_lens_*`` there too)."""
+        moved = {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in self.items()
+        }
+        return PackedBatch(moved, dict(self.meta))
+
+
+def collate_packed(
+    items: Sequence[dict[str, Any]], pad_to: int | None = None, pad_token_id: int = 0
+) -> PackedBatch:
+    """Concatenate bins (from ``PackedDataset``) into one model input.
+
+    Keys: ``input_ids``, ``labels`` [1, T]; ``position_ids`` [4, 1, T] for qwen2_vl, else
+    [1, T]; the vision tensors, concatenated in order; ``cu_seq_lens_q``/``cu_seq_lens_k``
+    (int32, every sample's start and T) and ``max_length_q``/``max_length_k`` (int);
+    ``use_cache=False`` (a cache turns off transformers' packed-sequence detection).
+    With ``pad_to``, T is exactly that: the padding is one extra sequence, labels -100.
+    """
     if not items:
         raise ValueError("collate_packed needs at least one bin")
     ids = torch.cat([b["input_ids"] for b in items])
     labels = torch.cat([b["labels"] for b in items])
-    positions = torch.cat([b["position_ids"] for b in items])
+    rows = [b["position_ids"][None] for b in items]
+    if "mrope_position_ids" in items[0]:  # qwen2_vl: text row, then the three mRoPE rows
+        rows = [torch.cat([row, b["mrope_position_ids"]]) for row, b in zip(rows, items, strict=True)]
+    positions = torch.cat(rows, dim=1)
     offsets, total = [torch.zeros(1, dtype=torch.int32)], 0
     for b in items:
         offsets.append(b["cu_seqlens"][1:] + total)
         total += int(b["cu_seqlens"][-1])
     cu = torch.cat(offsets)
-    max_seqlen = max(b["max_seqlen"] for b in items)
-    mrope = (
-        torch.cat([b["mrope_position_ids"] for b in items], dim=1)
-        if "mrope_position_ids" in items[0]
-        else None
-    )
+    max_length = max(b["max_seqlen"] for b in items)
     if pad_to is not None:
         pad = pad_to - total
         if pad < 0:
@@ -41,25 +75,42 @@ def collate_packed(items: Sequence[dict[str, Any]], pad_to: int | None = None, p
         if pad:
             ids = torch.cat([ids, torch.full((pad,), pad_token_id, dtype=ids.dtype)])
             labels = torch.cat([labels, torch.full((pad,), IGNORE, dtype=labels.dtype)])
-            fill = torch.arange(pad, dtype=positions.dtype)
-            positions = torch.cat([positions, fill])
+            fill = torch.arange(pad, dtype=positions.dtype).expand(len(positions), pad)
+            positions = torch.cat([positions, fill], dim=1)
             cu = torch.cat([cu, torch.tensor([pad_to], dtype=torch.int32)])
-            max_seqlen = max(max_seqlen, pad)
-            if mrope is not None:
-                mrope = torch.cat([mrope, fill.expand(3, pad)], dim=1)
-    batch: dict[str, Any] = {
+            max_length = max(max_length, pad)
+    inputs: dict[str, Any] = {
         "input_ids": ids[None],
         "labels": labels[None],
-        "position_ids": positions[None],
-        "cu_seqlens": cu,
-        "max_seqlen": max_seqlen,
-        "sample_ids": [s for b in items for s in b["sample_ids"]],
-        "num_tokens": total,
+        "position_ids": positions[:, None, :] if len(positions) == 4 else positions,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": max_length,
+        "max_length_k": max_length,
+        "use_cache": False,
     }
-    if mrope is not None:
-        batch["mrope_position_ids"] = mrope[:, None, :]  # [3, 1, T], as Qwen2-VL takes position_ids
-    for key in CONCATENATED:
+    for key in VISION_INPUTS:
         parts = [b[key] for b in items if key in b]
         if parts:
-            batch[key] = torch.cat(parts)
-    return batch
+            inputs[key] = torch.cat(parts)
+    meta: dict[str, Any] = {
+        "sample_ids": [s for b in items for s in b["sample_ids"]],
+        "sample_supervised_tokens": [
+            n for b in items if not b.get("filler") for n in _supervised_per_sample(b)
+        ],
+        "num_tokens": total,
+        "supervised_tokens": int((labels != IGNORE).sum()),
+        "num_bins": len(items),
+        "fillers": sum(bool(b.get("filler")) for b in items),
+    }
+    tiles = [b["num_tiles"] for b in items if "num_tiles" in b]
+    if tiles:
+        meta["num_tiles"] = torch.cat(tiles)
+    return PackedBatch(inputs, meta)
+
+
+def _supervised_per_sample(item: dict[str, Any]) -> list[int]:
+    supervised = (item["labels"] != IGNORE).to(torch.int64)
+    cu = item["cu_seqlens"].to(torch.int64)
+    sums = torch.cat([torch.zeros(1, dtype=torch.int64), supervised.cumsum(0)])
+    return (sums[cu[1:]] - sums[cu[:-1]]).tolist()

@@ -2,15 +2,18 @@
 
 Per bin it yields ``input_ids``, ``labels`` (first token of every sample masked),
 ``position_ids`` (restarting at 0 per sample), ``cu_seqlens`` (int32, [n + 1]),
-``max_seqlen``, ``sample_ids`` and, when the bin has media, the vision tensors
-(qwen2_vl: ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
-``video_grid_thw``, and 3-row ``mrope_position_ids``; internvl: ``pixel_values`` tiles
-+ ``num_tiles``).
+``max_seqlen``, ``sample_ids``, ``filler``; for qwen2_vl the exact 3-row
+``mrope_position_ids`` (from the stored grids, with or without pixels); with media, the
+vision tensors (qwen2_vl: ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
+``video_grid_thw``; internvl: ``pixel_values`` tiles + ``num_tiles``). A filler (see
+``loader.plan``) is a real bin with every label masked and no ``sample_ids``.
+``collate_packed`` turns items into what a model takes.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,6 +27,7 @@ from mmpack_udfs import fs
 
 IGNORE = -100
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
+MROPE_FIELDS = ["sample_index", "grid_t", "grid_h", "grid_w", "token_offset"]  # what mRoPE reads of media
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -34,8 +38,9 @@ def distributed_rank() -> tuple[int, int]:
 
 
 class PackedDataset(IterableDataset):
-    """Bins of ``manifest_uri`` (a manifest.json, its folder, or s3://...), each read exactly
-    once per epoch across ranks × workers, in a deterministic (seed, epoch) order."""
+    """Bins of ``manifest_uri`` (a manifest.json, its folder, or s3://...), each trained exactly
+    once per epoch across ranks × workers, in a deterministic (seed, epoch) order; every
+    rank yields the same number of items (see ``loader.plan``)."""
 
     def __init__(
         self,
@@ -46,6 +51,7 @@ class PackedDataset(IterableDataset):
         shuffle_buffer: int = 256,
         rank: int | None = None,
         world_size: int | None = None,
+        drop_remainder: bool = False,
         s3: fs.S3Options | Mapping[str, Any] | None = None,
         verify: bool = True,
         with_media: bool = True,
@@ -57,6 +63,7 @@ class PackedDataset(IterableDataset):
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
         self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
+        self.drop_remainder = drop_remainder
         self.verify, self.with_media = verify, with_media
         self.units = plan.units_of(self.manifest["shards"], self.manifest["bins_per_row_group"])
         self.profile = self.manifest["config"]["profiles"][self.manifest["profile"]]
@@ -69,19 +76,16 @@ class PackedDataset(IterableDataset):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        """Bins this rank reads per epoch (all workers together)."""
-        slot = plan.Slot(self.rank, self.world_size)
-        return sum(u.rows for u in plan.worker_units(self.units, slot, self.seed, self.epoch, self.shuffle))
+        """Items this rank yields per epoch (all workers together; the same on every rank)."""
+        return plan.items_per_rank(sum(u.rows for u in self.units), self.world_size, self.drop_remainder)
+
+    def num_batches(self, batch_size: int, num_workers: int, drop_last: bool = False) -> int:
+        """Steps per epoch of ``DataLoader(self, batch_size=…, num_workers=…)``, on every rank."""
+        return plan.batches_per_epoch(len(self), num_workers, batch_size, drop_last)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this reader (this worker, under a DataLoader) stands in its epoch."""
-        slot = self._slot()
-        return {
-            "epoch": self.epoch,
-            "consumed": self._consumed,
-            "seed": self.seed,
-            "slot": [slot.rank, slot.world_size, slot.worker, slot.num_workers],
-        }
+        return {"epoch": self.epoch, "consumed": self._consumed, "seed": self.seed, "plan": self._plan_key()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration continues the saved epoch after its consumed bins."""
@@ -94,56 +98,75 @@ class PackedDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return plan.Slot(self.rank, self.world_size, worker, workers)
 
+    def _plan_key(self) -> list:
+        """What the order depends on besides seed and epoch: a resume must match it."""
+        slot = self._slot()
+        return [slot.rank, slot.world_size, slot.worker, slot.num_workers, self.drop_remainder, self.shuffle]
+
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         slot = self._slot()
         skip = 0
         if self._resume is not None:
-            if self._resume["slot"] != [slot.rank, slot.world_size, slot.worker, slot.num_workers]:
+            if self._resume.get("plan") != self._plan_key():
                 raise ValueError(
-                    f"state was saved by reader slot {self._resume['slot']} (rank, world size, worker, "
-                    f"workers); resume with the same ranks and workers"
+                    f"state was saved by reader {self._resume.get('plan')} (rank, world size, worker, "
+                    f"workers, drop_remainder, shuffle), this one is {self._plan_key()}; "
+                    "resume with the same ranks, workers and options"
                 )
             skip, self._resume = self._resume["consumed"], None
         if self._source is None:
             self._source = ShardSource(self.manifest, self.s3, self.verify)
-        units = plan.worker_units(self.units, slot, self.seed, self.epoch, self.shuffle)
-        order = plan.item_order(units, slot, self.seed, self.epoch, self.shuffle_buffer, self.shuffle)
-        remaining = np.bincount([u for u, _ in order], minlength=len(units))
-        for u, _ in order[:skip]:
-            remaining[u] -= 1
+        args = (self.seed, self.epoch)
+        mine = plan.worker_items(self.units, slot, *args, self.shuffle, self.drop_remainder)
+        order = plan.shuffled(mine, slot, *args, self.shuffle_buffer, self.shuffle)
+        remaining = Counter(item.unit for item in order[skip:])
         loaded: dict[int, _RowGroup] = {}
         self._consumed = skip
-        for u, row in order[skip:]:
-            if u not in loaded:
-                loaded[u] = _RowGroup(self._source, units[u], self.with_media)
-            item = loaded[u].item(row, self.profile, self._source.s3)
-            remaining[u] -= 1
-            if not remaining[u]:
-                del loaded[u]
+        for item in order[skip:]:
+            if item.unit not in loaded:
+                loaded[item.unit] = _RowGroup(
+                    self._source, self.units[item.unit], self.profile, self.with_media
+                )
+            out = loaded[item.unit].item(item.row, self._source.s3)
+            remaining[item.unit] -= 1
+            if not remaining[item.unit]:
+                del loaded[item.unit]
             self._consumed += 1
-            yield item
+            yield _as_filler(out) if item.filler else out
         self._consumed = 0
+
+
+def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
+    """A real bin that keeps a short rank in step and trains nothing: all labels masked."""
+    return {**item, "labels": torch.full_like(item["labels"], IGNORE), "sample_ids": [], "filler": True}
 
 
 class _RowGroup:
     """One row group's columns as numpy views, to cut bins out of without per-token work."""
 
-    def __init__(self, source: ShardSource, unit: plan.Unit, with_media: bool) -> None:
-        columns = TOKEN_COLUMNS + (["media"] if with_media else [])
-        table = source.read(unit.shard, unit.row_group, columns).combine_chunks()
+    def __init__(
+        self, source: ShardSource, unit: plan.Unit, profile: Mapping[str, Any], with_media: bool
+    ) -> None:
+        self.profile, self.with_media = profile, with_media
+        media_columns: list[str] = []
+        if with_media:
+            media_columns = ["media"]
+        elif profile["kind"] == "qwen2_vl":  # mRoPE needs the grids and offsets, not the pixels
+            media_columns = source.nested_columns(unit.shard, "media", MROPE_FIELDS)
+        table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + media_columns).combine_chunks()
         self.lists = {}
         for name in ("input_ids", "labels", "cu_seqlens"):
             array = table.column(name).chunk(0)
             self.lists[name] = (array.offsets.to_numpy(), array.values.to_numpy())
         self.sample_ids = table.column("sample_ids").chunk(0)
-        self.media = table.column("media").chunk(0) if with_media else None
+        self.media = table.column("media").chunk(0) if media_columns else None
 
     def _list(self, name: str, row: int) -> np.ndarray:
         offsets, values = self.lists[name]
         return values[offsets[row] : offsets[row + 1]]
 
-    def item(self, row: int, profile: Mapping[str, Any], s3: fs.S3Options | None) -> dict[str, Any]:
+    def item(self, row: int, s3: fs.S3Options | None) -> dict[str, Any]:
         ids = torch.from_numpy(self._list("input_ids", row).astype(np.int64))
         labels = self._list("labels", row).astype(np.int64)
         cu = self._list("cu_seqlens", row)
@@ -157,12 +180,15 @@ class _RowGroup:
             "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
             "max_seqlen": int(lengths.max()),
             "sample_ids": self.sample_ids[row].as_py(),
+            "filler": False,
         }
         media = self.media[row].as_py() if self.media is not None else []
-        if profile["kind"] == "qwen2_vl":
-            item.update(_qwen2_vl_media(media, cu, positions, s3))
+        if self.profile["kind"] == "qwen2_vl":
+            item["mrope_position_ids"] = _mrope(media, cu, positions)
+            if self.with_media:
+                item.update(_qwen2_vl_pixels(media, s3))
         elif media:
-            item.update(_internvl_media(media, profile, s3))
+            item.update(_internvl_media(media, self.profile, s3))
         return item
 
 
@@ -177,10 +203,8 @@ def _frames(item: Mapping[str, Any], s3: fs.S3Options | None) -> list:
     return vision.decode_frames(data, item["frame_indices"], item["uri"])
 
 
-def _qwen2_vl_media(
-    media: list[dict], cu: np.ndarray, positions: np.ndarray, s3: fs.S3Options | None
-) -> dict[str, Any]:
-    """Pixel patches and grids per kind, and the per-sample 3-D rotary positions."""
+def _qwen2_vl_pixels(media: list[dict], s3: fs.S3Options | None) -> dict[str, Any]:
+    """Pixel patches and grids per kind, as transformers' Qwen2-VL takes them."""
     out: dict[str, Any] = {}
     for kind, pixels_key, grid_key in (
         ("image", "pixel_values", "image_grid_thw"),
@@ -191,7 +215,6 @@ def _qwen2_vl_media(
             patches = [vision.qwen2_vl_patches(_frames(m, s3), m) for m in items]
             out[pixels_key] = torch.from_numpy(np.concatenate(patches))
             out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
-    out["mrope_position_ids"] = _mrope(media, cu, positions)
     return out
 
 

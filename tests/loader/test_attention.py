@@ -31,7 +31,20 @@ def test_packed_equals_per_sample(causal, kv_heads):
     torch.testing.assert_close(packed, per_sample(q, k, v, cu, causal), atol=1e-5, rtol=1e-5)
 
 
-def test_block_diagonal_mask():
+def test_block_diagonal_mask_is_additive():
+    inf = float("-inf")
     mask = block_diagonal_mask(torch.tensor([0, 2, 3], dtype=torch.int32))
-    assert mask.tolist() == [[True, False, False], [True, True, False], [False, False, True]]
-    assert block_diagonal_mask(torch.tensor([0, 2, 3]), causal=False)[0].tolist() == [True, True, False]
+    assert mask.dtype == torch.float32
+    assert mask.tolist() == [[0, inf, inf], [0, 0, inf], [inf, inf, 0]]
+    assert block_diagonal_mask(torch.tensor([0, 2, 3]), causal=False)[0].tolist() == [0, 0, inf]
+
+
+def test_block_diagonal_mask_blocks_when_added_to_scores():
+    """Eager attention adds the mask to the scores: a blocked key must get zero weight."""
+    torch.manual_seed(1)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    scores = torch.randn(7, 7)
+    weights = torch.softmax(scores + block_diagonal_mask(cu), dim=-1)
+    assert weights[3:, :3].abs().max() == 0 and weights[:3, 3:].abs().max() == 0
+    assert torch.triu(weights, diagonal=1).abs().max() == 0
+    torch.testing.assert_close(weights.sum(-1), torch.ones(7))

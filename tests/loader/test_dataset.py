@@ -24,24 +24,62 @@ def bin_key(item) -> tuple:
 
 
 def read_epoch(packed_demo, world: int, workers: int, epoch: int = 0) -> list[list[tuple]]:
+    """Per rank, the bins it yields (a filler bin as ``("filler",)``)."""
     per_rank = []
     for rank in range(world):
         dataset = PackedDataset(str(packed_demo / "packed"), rank=rank, world_size=world, with_media=False)
         dataset.set_epoch(epoch)
         loader = DataLoader(dataset, batch_size=None, num_workers=workers)
-        per_rank.append([bin_key(item) for item in loader])
+        per_rank.append([("filler",) if item["filler"] else bin_key(item) for item in loader])
         assert len(per_rank[-1]) == len(dataset)
     return per_rank
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("workers", [0, 1, 3])
-def test_every_bin_once_per_epoch(packed_demo, world, workers):
-    seen = [key for rank in read_epoch(packed_demo, world, workers) for key in rank]
+def test_every_bin_once_per_epoch_and_equal_steps(packed_demo, world, workers):
+    per_rank = read_epoch(packed_demo, world, workers)
     manifest = json.loads((packed_demo / "packed" / "manifest.json").read_text())
-    assert len(seen) == len(set(seen)) == manifest["totals"]["bins"]
+    bins = manifest["totals"]["bins"]
+    assert bins % 2 == 1  # so that world sizes 2 and 4 need fillers
+    assert {len(rank) for rank in per_rank} == {-(-bins // world)}
+    seen = [key for rank in per_rank for key in rank if key != ("filler",)]
+    assert len(seen) == len(set(seen)) == bins
     samples = [s for key in seen for s in key]
     assert len(samples) == len(set(samples)) == manifest["totals"]["samples"]
+
+
+def test_filler_is_a_real_bin_that_trains_nothing(packed_demo):
+    fillers = [
+        item
+        for item in PackedDataset(str(packed_demo / "packed"), rank=1, world_size=2, with_media=False)
+        if item["filler"]
+    ]
+    assert len(fillers) == 1
+    filler = fillers[0]
+    assert filler["sample_ids"] == [] and filler["labels"].eq(-100).all()
+    assert len(filler["input_ids"]) == int(filler["cu_seqlens"][-1]) > 0
+
+
+def test_drop_remainder_gives_equal_real_bins(packed_demo):
+    lengths = []
+    for rank in range(4):
+        dataset = PackedDataset(str(packed_demo / "packed"), rank=rank, world_size=4, drop_remainder=True)
+        items = list(DataLoader(dataset, batch_size=None, num_workers=2))
+        assert not any(item["filler"] for item in items) and len(items) == len(dataset)
+        lengths.append(len(items))
+    assert set(lengths) == {PackedDataset(str(packed_demo / "packed")).__len__() // 4}
+
+
+@pytest.mark.parametrize(("world", "workers", "bins_per_step"), [(2, 2, 2), (4, 3, 1), (3, 0, 3)])
+def test_dataloader_steps_are_equal_on_every_rank(packed_demo, world, workers, bins_per_step):
+    steps = []
+    for rank in range(world):
+        dataset = PackedDataset(str(packed_demo / "packed"), rank=rank, world_size=world, with_media=False)
+        loader = DataLoader(dataset, batch_size=bins_per_step, collate_fn=collate_packed, num_workers=workers)
+        steps.append(sum(1 for _ in loader))
+        assert steps[-1] == dataset.num_batches(bins_per_step, workers)
+    assert len(set(steps)) == 1
 
 
 def test_shuffle_differs_across_epochs_and_repeats(packed_demo):
@@ -54,7 +92,9 @@ def test_shuffle_differs_across_epochs_and_repeats(packed_demo):
 @pytest.mark.parametrize(("workers", "stop_after"), [(0, 5), (2, 3), (3, 7)])
 def test_resume_mid_epoch_yields_exactly_the_rest(packed_demo, workers, stop_after):
     def loader():
-        ds = PackedDataset(str(packed_demo / "packed"), seed=5, shuffle_buffer=3, with_media=False)
+        ds = PackedDataset(
+            str(packed_demo / "packed"), seed=5, shuffle_buffer=3, with_media=False, rank=1, world_size=2
+        )
         ds.set_epoch(2)
         return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
 
@@ -99,15 +139,33 @@ def test_bins_match_the_tokenized_rows_and_vision_counts(packed_demo):
     assert with_media > 0
 
 
+def test_mrope_without_pixels_is_exact(packed_demo):
+    with_pixels = list(PackedDataset(str(packed_demo / "packed"), shuffle=False))
+    without = list(PackedDataset(str(packed_demo / "packed"), shuffle=False, with_media=False))
+    assert len(with_pixels) == len(without)
+    differs_from_plain = 0
+    for a, b in zip(with_pixels, without, strict=True):
+        assert "pixel_values" not in b and "pixel_values_videos" not in b
+        assert torch.equal(a["mrope_position_ids"], b["mrope_position_ids"])
+        differs_from_plain += not torch.equal(b["mrope_position_ids"][0], b["position_ids"])
+    assert differs_from_plain > 0
+
+
 def test_collate_concatenates_or_pads(packed_demo):
     items = list(PackedDataset(str(packed_demo / "packed"), shuffle=False, with_media=False))[:3]
     batch = collate_packed(items)
     total = sum(len(i["input_ids"]) for i in items)
-    assert batch["input_ids"].shape == (1, total) and int(batch["cu_seqlens"][-1]) == total
-    assert len(batch["cu_seqlens"]) == sum(len(i["cu_seqlens"]) - 1 for i in items) + 1
+    assert batch["input_ids"].shape == (1, total) and int(batch["cu_seq_lens_q"][-1]) == total
+    assert batch["position_ids"].shape == (4, 1, total) and batch["use_cache"] is False
+    assert len(batch["cu_seq_lens_q"]) == sum(len(i["cu_seqlens"]) - 1 for i in items) + 1
+    assert batch["cu_seq_lens_q"].dtype == torch.int32 and isinstance(batch["max_length_q"], int)
+    assert batch.meta["num_tokens"] == total and batch.meta["num_bins"] == 3
+    assert batch.meta["supervised_tokens"] == int((batch["labels"] != -100).sum())
+    assert batch.meta["sample_ids"] == [s for i in items for s in i["sample_ids"]]
     padded = collate_packed(items, pad_to=total + 10)
-    assert padded["input_ids"].shape == (1, total + 10)
-    assert padded["labels"][0, total:].eq(-100).all() and int(padded["cu_seqlens"][-1]) == total + 10
+    assert padded["input_ids"].shape == (1, total + 10) and padded["position_ids"].shape == (4, 1, total + 10)
+    assert padded["position_ids"][:, 0, total:].tolist() == [list(range(10))] * 4
+    assert padded["labels"][0, total:].eq(-100).all() and int(padded["cu_seq_lens_q"][-1]) == total + 10
     with pytest.raises(ValueError, match="do not fit"):
         collate_packed(items, pad_to=total - 1)
 

@@ -1,0 +1,235 @@
+"""Train Qwen2-VL (or Qwen2.5-VL) on mmpack shards with DDP, launched by torchrun.
+
+    torchrun --nproc-per-node 8 examples/train_qwen2_vl.py \\
+        --manifest s3://bucket/run1/packed --model /models/Qwen2-VL-7B-Instruct --out ckpt
+
+``--model tiny`` builds a tiny random Qwen2-VL from a hand-made config (no download): the
+test suite runs this script that way on CPU (gloo). What it shows:
+
+- every rank runs the same number of steps (``PackedDataset`` plans fillers), so no rank
+  waits in a collective at the end of an epoch;
+- ``model(**batch)``: the collated batch is the model's keyword arguments as they are
+  (``position_ids`` [4, 1, T], no attention mask, ``use_cache=False``, flash-attn's
+  ``cu_seq_lens_*``); logits are computed only where a label is supervised;
+- gradient accumulation over ``--grad-accum`` micro-batches, the loss normalised by the
+  number of supervised tokens of the whole step across all ranks (not per micro-batch);
+- checkpoints (model, optimizer, every rank's loader position) and an exact resume with
+  torchdata's ``StatefulDataLoader``.
+
+``--trace FILE`` appends one JSON line per micro-batch and rank (what was trained), which
+is how the tests check exactly-once training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from loader import PackedBatch, PackedDataset, collate_packed
+
+IGNORE = -100
+
+
+def tiny_qwen2_vl(seed: int = 0, attn_implementation: str = "sdpa"):
+    """A random Qwen2-VL small enough for a CPU, with the real Qwen2 vocabulary size (the
+    shards hold real token ids) and the real vision geometry (14-px patches, 2 × 2 merge,
+    2 frames deep), so it takes exactly what a full-size Qwen2-VL takes."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": 151936,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+        },
+        vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 16, "num_heads": 2, "mlp_ratio": 2},
+    )
+    return Qwen2VLForConditionalGeneration._from_config(
+        config, attn_implementation=attn_implementation, dtype=torch.float32
+    )
+
+
+def load_model(name: str, seed: int, attn_implementation: str, device: torch.device) -> torch.nn.Module:
+    if name == "tiny":
+        return tiny_qwen2_vl(seed, attn_implementation).to(device)
+    from transformers import AutoModelForImageTextToText
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForImageTextToText.from_pretrained(
+        name, attn_implementation=attn_implementation, dtype=dtype
+    )
+    return model.to(device)
+
+
+def summed_loss(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Cross-entropy summed over the batch's supervised tokens. Logits only where the next
+    token is supervised (``logits_to_keep``): the vocabulary projection of every position
+    would be the largest tensor of the step. Labels are not shifted in the shards."""
+    inputs = dict(batch)
+    labels = inputs.pop("labels")[0]
+    keep = torch.nonzero(labels[1:] != IGNORE).flatten()  # position t predicts token t + 1
+    logits = model(**inputs, logits_to_keep=keep).logits[0]
+    return F.cross_entropy(logits.float(), labels[keep + 1], reduction="sum")
+
+
+def micro_batch_groups(batches: Iterator[PackedBatch], size: int) -> Iterator[list[PackedBatch]]:
+    """Consecutive micro-batches of one optimizer step (the last group of an epoch may be
+    shorter: the same on every rank, since every rank has the same number of batches)."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+class Checkpoints:
+    """``--out``/step-N: model and optimizer (rank 0), each rank's loader state, progress."""
+
+    def __init__(self, root: Path, rank: int) -> None:
+        self.root, self.rank = root, rank
+
+    def save(self, step: int, model, optimizer, loader: StatefulDataLoader, progress: dict) -> None:
+        target = self.root / f"step-{step}"
+        target.mkdir(parents=True, exist_ok=True)
+        torch.save(loader.state_dict(), target / f"loader-rank{self.rank}.pt")
+        if self.rank == 0:
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, target / "train.pt"
+            )
+            (target / "progress.json").write_text(json.dumps(progress))
+        dist.barrier()
+        if self.rank == 0:
+            (self.root / "latest").write_text(target.name)  # points at complete checkpoints only
+
+    def load(self, model, optimizer, loader: StatefulDataLoader) -> dict | None:
+        latest = self.root / "latest"
+        if not latest.exists():
+            return None
+        source = self.root / latest.read_text().strip()
+        state = torch.load(source / "train.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        loader.load_state_dict(torch.load(source / f"loader-rank{self.rank}.pt", weights_only=False))
+        return json.loads((source / "progress.json").read_text())
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--manifest", required=True, help="OUT/packed, its manifest.json, or s3://...")
+    parser.add_argument("--model", default="tiny", help="a local checkpoint directory, or 'tiny'")
+    parser.add_argument("--out", required=True, help="checkpoint directory")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--bins-per-micro-batch", type=int, default=1)
+    parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
+    parser.add_argument("--workers", type=int, default=1, help="dataloader workers per rank")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attn", default="sdpa", help="sdpa, eager or flash_attention_2")
+    parser.add_argument("--drop-remainder", action="store_true", help="no filler bins; drop the epoch's tail")
+    parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N optimizer steps")
+    parser.add_argument("--stop-after", type=int, default=0, help="save and exit after N optimizer steps")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/latest")
+    parser.add_argument("--trace", help="append what each micro-batch trained (JSON lines, per rank)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+
+    model = load_model(args.model, args.seed, args.attn, device)
+    model.train()
+    # A micro-batch without images or videos leaves the vision tower out of the graph on that
+    # rank only: DDP must be told to look for parameters that got no gradient.
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    dataset = PackedDataset(args.manifest, seed=args.seed, drop_remainder=args.drop_remainder)
+    loader = StatefulDataLoader(
+        dataset, batch_size=args.bins_per_micro_batch, collate_fn=collate_packed, num_workers=args.workers
+    )
+    checkpoints = Checkpoints(Path(args.out), rank)
+    progress = {"epoch": 0, "step": 0}
+    if args.resume:
+        progress = checkpoints.load(model, optimizer, loader) or progress
+    steps_per_epoch = dataset.num_batches(args.bins_per_micro_batch, args.workers)
+    if rank == 0:
+        print(f"{world} rank(s), {len(dataset)} bins and {steps_per_epoch} micro-batches per rank per epoch")
+    trace = open(f"{args.trace}.rank{rank}", "a") if args.trace else None  # noqa: SIM115
+
+    for epoch in range(progress["epoch"], args.epochs):
+        dataset.set_epoch(epoch)  # a resumed loader continues this epoch where it stopped
+        for group in micro_batch_groups(iter(loader), args.grad_accum):
+            # the step's supervised tokens over every micro-batch and rank: each token weighs the same
+            supervised = torch.tensor(sum(b.meta["supervised_tokens"] for b in group), dtype=torch.float64)
+            dist.all_reduce(supervised)
+            total_loss = 0.0
+            for i, batch in enumerate(group):
+                sync = ddp.no_sync() if i < len(group) - 1 else contextlib.nullcontext()
+                with sync:
+                    loss_sum = summed_loss(ddp, batch.to(device))
+                    # DDP averages gradients over ranks: scale by world size to get the global sum
+                    (loss_sum * world / supervised.clamp(min=1).item()).backward()
+                total_loss += loss_sum.item()
+                if trace:
+                    record = {"epoch": epoch, "step": progress["step"], "rank": rank, **_traced(batch)}
+                    trace.write(json.dumps(record) + "\n")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            progress["step"] += 1
+            summed = torch.tensor(total_loss, dtype=torch.float64)
+            dist.all_reduce(summed)
+            if rank == 0:
+                mean = summed.item() / max(supervised.item(), 1)
+                print(f"epoch {epoch} step {progress['step']}: loss {mean:.4f} per supervised token")
+            done = args.stop_after and progress["step"] >= args.stop_after
+            if done or (args.save_every and progress["step"] % args.save_every == 0):
+                checkpoints.save(progress["step"], model, optimizer, loader, {**progress, "epoch": epoch})
+            if done:
+                return _finish(trace, rank, f"stopped after step {progress['step']}")
+        progress["epoch"] = epoch + 1
+    return _finish(trace, rank, f"finished {args.epochs} epoch(s), {progress['step']} steps")
+
+
+def _traced(batch: PackedBatch) -> dict:
+    """What one micro-batch trained: each real sample with its supervised tokens."""
+    samples = dict(zip(batch.meta["sample_ids"], batch.meta["sample_supervised_tokens"], strict=True))
+    return {"samples": samples, "fillers": batch.meta["fillers"]}
+
+
+def _finish(trace, rank: int, message: str) -> int:
+    if trace:
+        trace.close()
+    dist.barrier()
+    if rank == 0:
+        print(message)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
