@@ -23,8 +23,9 @@ java:
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch is pinned to 2.13.0 (a CPU wheel on CPU-only machines)
-	$(BIN)/pip install -q -e '.[dev,train]'
+	# torch 2.13.0 first: a CPU wheel on CPU-only machines (the train extra takes any torch >= 2.4)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[spark,train,dev]'
 	touch $(STAMP)
 
 demo: setup

@@ -1,0 +1,68 @@
+"""The training side installs and runs without the Spark side: ``pip install 'mmpack[train]'``
+brings torch, torchdata, pyarrow, numpy, Pillow and OpenCV, and nothing of the pipeline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_SIDE = ["pyspark", "deltalake", "numba", "transformers", "tokenizers", "yaml", "matplotlib"]
+
+# Reads one epoch with media (images and videos) and prints the top-level modules it loaded.
+READ_AND_LIST_MODULES = """
+import json, sys
+from torch.utils.data import DataLoader
+from loader import PackedDataset, collate_packed
+dataset = PackedDataset(sys.argv[1], rank=1, world_size=2)
+steps = sum(1 for _ in DataLoader(dataset, batch_size=2, collate_fn=collate_packed, num_workers=0))
+print(json.dumps({"steps": steps, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+"""
+
+
+def read_with(python: str, packed: Path, cwd: Path) -> dict:
+    done = subprocess.run(
+        [python, "-c", READ_AND_LIST_MODULES, str(packed)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_reading_shards_loads_nothing_of_the_spark_side(packed_demo, tmp_path):
+    result = read_with(sys.executable, packed_demo / "packed", tmp_path)
+    assert result["steps"] > 0
+    assert [name for name in SPARK_SIDE if name in result["modules"]] == []
+
+
+@pytest.mark.slow
+def test_fresh_virtualenv_with_only_the_training_install(packed_demo, tmp_path):
+    env_dir = tmp_path / "train-venv"
+    venv.create(env_dir, with_pip=True)
+    pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q"]
+    # torch first, as the README says for CPU machines (the extra takes any torch >= 2.4)
+    for args in (["torch==2.13.0"], [f"{ROOT}[train]"]):
+        done = subprocess.run([*pip, *args], capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    listed = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "pip", "list", "--format=json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    installed = {p["name"].lower() for p in json.loads(listed.stdout)}
+    assert {"torch", "torchdata", "pyarrow", "numpy", "pillow", "opencv-python-headless"} <= installed
+    assert installed.isdisjoint({"pyspark", "deltalake", "numba", "transformers", "pandas", "pyyaml"})
+    result = read_with(str(env_dir / "bin" / "python"), packed_demo / "packed", tmp_path)
+    reference = read_with(sys.executable, packed_demo / "packed", tmp_path)
+    assert result["steps"] == reference["steps"] > 0
+    console = subprocess.run([str(env_dir / "bin" / "mmpack"), "run"], capture_output=True, text=True)
+    assert console.returncode == 2 and "pip install 'mmpack[spark]'" in console.stderr
