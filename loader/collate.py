@@ -25,7 +25,8 @@ VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video
 class PackedBatch(dict):
     """The keyword arguments of one forward pass (``model(**batch)``), and ``meta``: what the
     batch holds (``sample_ids`` and ``sample_supervised_tokens`` of the real samples,
-    ``num_tokens``, ``supervised_tokens``, ``num_bins``, ``fillers``; ``num_tiles`` for
+    ``num_tokens``, ``supervised_tokens``, ``num_bins``, ``fillers``, per bin
+    ``bin_tokens`` and ``bin_sum_sq_lengths`` (its attention cost); ``num_tiles`` for
     internvl), kept out of the model's arguments."""
 
     meta: dict[str, Any]
@@ -102,6 +103,8 @@ def collate_packed(
         "supervised_tokens": int((labels != IGNORE).sum()),
         "num_bins": len(items),
         "fillers": sum(bool(b.get("filler")) for b in items),
+        "bin_tokens": [int(b["cu_seqlens"][-1]) for b in items],
+        "bin_sum_sq_lengths": [int((b["cu_seqlens"].diff().to(torch.int64) ** 2).sum()) for b in items],
     }
     tiles = [b["num_tiles"] for b in items if "num_tiles" in b]
     if tiles:

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from loader import PackedDataset, ShardError, collate_packed
+from loader import PackedBatch, PackedDataset, ShardError, collate_packed
 from mmpack_udfs import schemas, tables
 
 pytestmark = pytest.mark.spark
@@ -76,7 +76,9 @@ def test_dataloader_steps_are_equal_on_every_rank(packed_demo, world, workers, b
     for rank in range(world):
         dataset = PackedDataset(str(packed_demo / "packed"), rank=rank, world_size=world, with_media=False)
         loader = DataLoader(dataset, batch_size=bins_per_step, collate_fn=collate_packed, num_workers=workers)
-        steps.append(sum(1 for _ in loader))
+        batches = list(loader)  # collated in worker processes: .meta crosses the process boundary
+        assert all(isinstance(b, PackedBatch) and 1 <= b.meta["num_bins"] <= bins_per_step for b in batches)
+        steps.append(len(batches))
         assert steps[-1] == dataset.num_batches(bins_per_step, workers)
     assert len(set(steps)) == 1
 
@@ -161,6 +163,9 @@ def test_collate_concatenates_or_pads(packed_demo):
     assert batch.meta["num_tokens"] == total and batch.meta["num_bins"] == 3
     assert batch.meta["supervised_tokens"] == int((batch["labels"] != -100).sum())
     assert batch.meta["sample_ids"] == [s for i in items for s in i["sample_ids"]]
+    assert batch.meta["bin_tokens"] == [len(i["input_ids"]) for i in items]
+    lengths = [torch.diff(i["cu_seqlens"]).tolist() for i in items]
+    assert batch.meta["bin_sum_sq_lengths"] == [sum(n * n for n in bin_lengths) for bin_lengths in lengths]
     padded = collate_packed(items, pad_to=total + 10)
     assert padded["input_ids"].shape == (1, total + 10) and padded["position_ids"].shape == (4, 1, total + 10)
     assert padded["position_ids"][:, 0, total:].tolist() == [list(range(10))] * 4

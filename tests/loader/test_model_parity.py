@@ -112,12 +112,12 @@ def alone(model, ids: torch.Tensor, labels: torch.Tensor, media: dict):
 
 @pytest.fixture(scope="module")
 def micro_batches(packed_demo):
-    """Three micro-batches of the smallest bins: ≥ 3 bins with images, ≥ 1 with a video, one
+    """Three micro-batches of the smallest bins: 3 bins with images only, 1 with a video, one
     micro-batch of two bins."""
     bins = [b for b in PackedDataset(str(packed_demo / "packed"), shuffle=False) if len(b["sample_ids"]) > 1]
     bins.sort(key=lambda b: len(b["input_ids"]))
     video = next(b for b in bins if "pixel_values_videos" in b)
-    images = [b for b in bins if "pixel_values" in b and b is not video][:3]
+    images = [b for b in bins if "pixel_values" in b and "pixel_values_videos" not in b][:3]
     assert len(images) == 3
     return [[images[0], video], [images[1]], [images[2]]]
 
@@ -148,6 +148,29 @@ def test_qwen2_vl_packed_equals_each_sample_alone(example, micro_batches, attent
             checked_samples += 1
         torch.testing.assert_close(packed.loss.double() * targets, summed_alone, rtol=1e-5, atol=1e-3)
     assert checked_samples >= 6
+
+
+def test_qwen2_5_vl_takes_the_same_batches(example, micro_batches):
+    """Qwen2.5-VL (window attention in its vision tower): same keys, same isolation. Image
+    bins only: for videos Qwen2.5-VL scales mRoPE time by the frame rate, which a
+    ``qwen2_vl`` packing does not store."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(5)
+    config = Qwen2_5_VLConfig(
+        text_config=example.tiny_qwen2_vl().config.text_config.to_dict(),
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+                       "out_hidden_size": 16, "fullatt_block_indexes": [1]},
+    )  # fmt: skip
+    model = Qwen2_5_VLForConditionalGeneration._from_config(config, attn_implementation="sdpa").eval()
+    batch = collate_packed(micro_batches[1])
+    assert "pixel_values" in batch and "pixel_values_videos" not in batch
+    with torch.no_grad():
+        packed = model(**batch)
+        cu = batch["cu_seq_lens_q"].tolist()
+        for (a, b), media in zip(itertools.pairwise(cu), sample_media(batch, cu), strict=True):
+            single = alone(model, batch["input_ids"][0, a:b], batch["labels"][0, a:b], media)
+            assert (packed.logits[0, a:b] - single.logits[0]).abs().max().item() <= 1e-4
 
 
 def test_three_row_positions_would_leak(example, micro_batches):
