@@ -90,18 +90,27 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any], where: str = "", p
 
 
 def apply_override(config: dict[str, Any], item: str) -> dict[str, Any]:
-    """Apply one ``a.b.c=value`` override; the value is parsed as YAML (numbers, bools, lists)."""
+    """Apply one ``a.b.c=value`` override; the value is parsed as YAML (numbers, bools, lists),
+    except that text YAML would read as a plain string is taken verbatim: ``#`` in a path is
+    not a comment (``--out "run 1 #2"`` must not write to ``run 1``)."""
     if "=" not in item:
         raise ConfigError(f"--set expects key=value, got '{item}'")
     dotted, raw = item.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError as err:
-        raise ConfigError(f"--set {dotted}: value is not valid YAML: {err}") from err
+    except yaml.YAMLError:
+        value = raw  # e.g. "a: b #c" or "[x": text, not YAML
+    if isinstance(value, str) and not _quoted(raw):
+        value = raw.strip()
     update: Any = value
     for part in reversed(_key_path(dotted.strip())):
         update = {part: update}
     return merge(config, update, where=f"--set {item}")
+
+
+def _quoted(raw: str) -> bool:
+    text = raw.strip()
+    return len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
 
 
 def _key_path(dotted: str) -> list[str]:

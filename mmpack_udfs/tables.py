@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -134,7 +135,8 @@ def snapshot(uri: str, s3: fs.S3Options | None = None, version: int | None = Non
     if table is None:
         raise TableError(f"no Delta table at {uri}")
     check_readable(table, uri)
-    return Snapshot(table.version(), sorted(table.file_uris()), pa.schema(table.schema().to_arrow()))
+    files = sorted(urllib.parse.unquote(u) for u in table.file_uris())  # delta-rs percent-encodes them
+    return Snapshot(table.version(), files, pa.schema(table.schema().to_arrow()))
 
 
 def data_files(uri: str, s3: fs.S3Options | None = None) -> tuple[int, list[str]]:

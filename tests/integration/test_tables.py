@@ -100,3 +100,13 @@ def test_tables_on_s3(spark, s3_bucket):
     assert write(frame(spark, 60), uri, "s3run", s3=s3).skipped
     assert tables.read_arrow(uri, s3).num_rows == 60
     assert sorted(r.n for r in tables.read_table(spark, uri, s3).collect()) == list(range(60))
+
+
+def test_roots_with_space_hash_and_non_ascii(spark, tmp_path):
+    """delta-rs lists a table's files percent-encoded: they must be read as the paths they are."""
+    uri = str(tmp_path / "out dir #1 ü" / "t")
+    assert write(frame(spark, 50), uri, "r1").rows == 50
+    files = tables.snapshot(uri).files
+    assert files and all(" #1 ü" in f for f in files)
+    assert tables.read_arrow(uri).num_rows == 50
+    assert tables.read_table(spark, uri).count() == 50

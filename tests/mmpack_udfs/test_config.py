@@ -86,3 +86,10 @@ def test_the_readme_reference_names_every_key_with_its_default():
         if generic == key and not isinstance(value, dict):
             shown = value if isinstance(value, str) else json.dumps(value)
             assert documented[key] == f"`{shown}`", f"README gives {key} the default {documented[key]}"
+
+
+def test_text_overrides_are_verbatim_hash_is_not_a_comment():
+    assert load_config(None, ["output=/data/run 1 #ü"])["output"] == "/data/run 1 #ü"
+    assert load_config(None, ["output='/data/a #b'"])["output"] == "/data/a #b"
+    assert load_config(None, ["pack.seed=5"])["pack"]["seed"] == 5
+    assert load_config(None, ["pack.embed_media=false"])["pack"]["embed_media"] is False
