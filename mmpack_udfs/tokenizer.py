@@ -122,10 +122,15 @@ def load(path: str):
 def load_backend(path: str, from_json: bool):
     """The ``tokenizers.Tokenizer`` that encodes for the directory ``path``, once per process:
     read from its tokenizer.json when ``from_json`` (see ``json_matches_auto``), else the
-    backend of the AutoTokenizer."""
-    if not from_json:
-        return load(path).backend_tokenizer
-    return _load_json(path)
+    backend of the AutoTokenizer.
+
+    It encodes special-token strings found in text as ordinary text (``encode_special_tokens``,
+    what transformers does with ``split_special_tokens=True``): every control token of a
+    sample is inserted by id, so a user who writes ``<|image_pad|>`` or ``<|im_start|>``
+    can neither add vision slots nor open a fake turn."""
+    backend = load(path).backend_tokenizer if not from_json else _load_json(path)
+    backend.encode_special_tokens = True
+    return backend
 
 
 @lru_cache(maxsize=4)

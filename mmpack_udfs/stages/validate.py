@@ -242,10 +242,41 @@ def _media_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]
     for name in ("image", "video"):
         per_bin = np.bincount(bin_of_item, weights=np.where(kind == name, count, 0), minlength=bins.num_rows)
         found[name] = per_bin.astype(np.int64) != bins[f"{name}_tokens"].to_numpy()
-    return {
+    problems = {
         "media: a span lies outside its bin": outside,
         "image_tokens != the image spans' tokens": found["image"],
         "video_tokens != the video spans' tokens": found["video"],
+    }
+    if not outside.any():
+        problems.update(_pad_problems(bins, bin_of_item, start, count))
+    return problems
+
+
+def _pad_problems(
+    bins: pa.Table, bin_of_item: np.ndarray, start: np.ndarray, count: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Vision embeddings = pad tokens, per span: a span holds only its pad id (the id at its
+    first token), and no pad id stands outside every span (text that became a vision slot)."""
+    ids_list = bins["input_ids"].combine_chunks()
+    offsets = ids_list.offsets.to_numpy().astype(np.int64)
+    ids = pc.list_flatten(ids_list).to_numpy()
+    first = offsets[bin_of_item] + start  # each span's first token, in the flat ids
+    span_of_position = owner_of_elements(count)
+    positions = (
+        np.repeat(first, count)
+        + np.arange(len(span_of_position))
+        - np.repeat(np.cumsum(count) - count, count)
+    )
+    pads = ids[first[count > 0]]
+    mixed = np.zeros(bins.num_rows, bool)
+    mixed[bin_of_item[span_of_position[ids[positions] != ids[first][span_of_position]]]] = True
+    stray = np.isin(ids, np.unique(pads))
+    stray[positions] = False
+    loose = np.zeros(bins.num_rows, bool)
+    loose[owner_of_elements(list_lengths(bins["input_ids"]))[stray]] = True
+    return {
+        "media: a span holds ids other than its pad id": mixed,
+        "input_ids: a media pad id outside every media span": loose,
     }
 
 

@@ -13,6 +13,8 @@ import pytest
 from mmpack_udfs import schemas, shards
 from mmpack_udfs.packing import first_fit_decreasing
 
+IMAGE_PAD, VIDEO_PAD = 151655, 151656
+
 
 def tokenized_rows(n: int, seed: int = 0) -> pa.Table:
     """Rows shaped like the tokenized table: random lengths, some with media items."""
@@ -40,6 +42,10 @@ def tokenized_rows(n: int, seed: int = 0) -> pa.Table:
                     "frame_indices": [0, 1] if k % 2 else None,
                 }
             )
+        for m in media:  # a span holds its pad id (vision embeddings = pad tokens); text never does
+            span = slice(m["token_offset"], m["token_offset"] + m["num_tokens"])
+            ids[span] = IMAGE_PAD if m["kind"] == "image" else VIDEO_PAD
+            labels[span] = -100
         rows.append(
             {
                 "sample_id": f"s{i:04d}",

@@ -33,6 +33,24 @@ def replace(bins: pa.Table, column: str, row: int, value) -> pa.Table:
     return bins.set_column(index, bins.schema.field(column), pa.array(values, bins.schema.field(column).type))
 
 
+def test_pad_ids_outside_spans_or_other_ids_inside_are_named():
+    bins = packed_bins()
+    row = int(np.flatnonzero(bins["image_tokens"].to_numpy())[0])
+    ids, media = bins["input_ids"][row].as_py(), bins["media"][row].as_py()
+    span = next(m for m in media if m["kind"] == "image")
+    pad = ids[span["token_offset"]]
+    outside = next(i for i in range(len(ids)) if ids[i] != pad)  # text written as a pad token
+    stray = replace(bins, "input_ids", row, [pad if i == outside else t for i, t in enumerate(ids)])
+    assert any(
+        "pad id outside every media span" in p and f"(rows {row})" in p for p in bin_problems(stray, BUDGET)
+    )
+    inside = span["token_offset"] + span["num_tokens"] - 1
+    mixed = replace(bins, "input_ids", row, [7 if i == inside else t for i, t in enumerate(ids)])
+    assert any(
+        "holds ids other than its pad id" in p and f"(rows {row})" in p for p in bin_problems(mixed, BUDGET)
+    )
+
+
 def test_well_formed_bins_have_no_problems():
     assert bin_problems(packed_bins(), BUDGET) == []
 
