@@ -32,6 +32,7 @@ FORMATS_BY_EXTENSION = {
     ".parquet": "parquet",
 }
 READ_CHUNK = 1 << 20
+UTF8_BOM = b"\xef\xbb\xbf"
 
 SPLIT = pa.schema(
     [
@@ -107,7 +108,7 @@ def detect_format(uri: str, configured: str, s3: fs.S3Options | None = None) -> 
 
 
 def _looks_like_json_lines(uri: str, s3: fs.S3Options | None) -> bool:
-    head = fs.read_bytes(uri, s3, 0, READ_CHUNK).lstrip()
+    head = fs.read_bytes(uri, s3, 0, READ_CHUNK).removeprefix(UTF8_BOM).lstrip()
     if not head.startswith(b"{"):
         return False
     first_line = head.split(b"\n", 1)[0]
@@ -203,6 +204,8 @@ def _skip_line(f) -> int:
 
 
 def _decode_line(position: int, line: bytes) -> tuple[int, str | None, str | None]:
+    if position == 0:
+        line = line.removeprefix(UTF8_BOM)  # editors on Windows start files with one
     try:
         return position, line.decode("utf-8").rstrip("\r"), None
     except UnicodeDecodeError as err:

@@ -216,6 +216,11 @@ def check_oversize(
     return counts.num_rows, int(lengths.sum()), over
 
 
+def max_tokens(tokenized_uri: str, snap: tables.Snapshot, s3: fs.S3Options | None) -> int:
+    counts = tables.read_arrow(tokenized_uri, s3, columns=["num_tokens"], snap=snap)
+    return int(pc.max(counts.column("num_tokens")).as_py() or 0)
+
+
 def published_run(packed_root: str, run_id: str, s3: fs.S3Options | None) -> dict | None:
     """The live manifest if it belongs to ``run_id`` and every shard it names is in place."""
     uri = fs.join(packed_root, schemas.MANIFEST_NAME)
@@ -249,6 +254,12 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         return report.write_report(output, s3)
 
     rows_in, tokens_in, over = check_oversize(tokenized_uri, snap, settings, s3)
+    if rows_in and len(over) == rows_in:  # an empty packing is a failed run, not a success
+        raise PackError(
+            f"every one of the {rows_in} tokenized rows is over the pack budget ({settings.budget} "
+            f"tokens), so nothing would be published. Raise pack.budget (the longest row has "
+            f"{max_tokens(tokenized_uri, snap, s3)} tokens) or tokenize with a smaller tokenize.max_tokens."
+        )
     groups = max(1, -(-tokens_in // settings.group_tokens))
     shard_dir = f"shards/{tables.run_tag(run_id)}"
     results: list[dict] = []

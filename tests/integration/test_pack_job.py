@@ -162,6 +162,16 @@ def test_oversize_rows_fail_the_job_or_are_skipped_and_listed(spark, demo, token
     assert summary["samples"] + summary["skipped"] == lengths.num_rows
 
 
+def test_every_row_over_budget_is_a_failed_run_not_an_empty_manifest(spark, demo, tokenized_demo, tmp_path):
+    out = fresh_output(tokenized_demo, tmp_path)
+    shortest = min(
+        tables.read_arrow(schemas.table_uri(str(out), "tokenized")).column("num_tokens").to_pylist()
+    )
+    with pytest.raises(pack.PackError, match=r"every one of the \d+ tokenized rows is over the pack budget"):
+        run_pack(spark, demo, out, f"pack.budget={shortest - 1}", "pack.oversize=skip")
+    assert not (out / "packed" / "manifest.json").exists()
+
+
 def test_second_budget_on_media_items(spark, demo, tokenized_demo, tmp_path):
     out = fresh_output(tokenized_demo, tmp_path)
     run_pack(

@@ -99,3 +99,15 @@ def test_globs_and_directories_expand_sorted_and_skip_hidden(tmp_path):
     names = [f.uri.rsplit("/", 1)[1] for f in one_file(tmp_path)]
     assert names == ["a.jsonl", "b.jsonl", "c.jsonl"]
     assert len(one_file(tmp_path / "*.jsonl")) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "split_bytes"), [("x.jsonl", 1 << 20), ("x.jsonl", 7), ("lines.json", 1 << 20)]
+)
+def test_a_utf8_bom_does_not_cost_the_first_record(tmp_path, name, split_bytes):
+    (tmp_path / name).write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": 2}\n')
+    got, counted = records_of(one_file(tmp_path), split_bytes)
+    assert counted == 2 and [(raw, error) for _, _, raw, error in got] == [
+        ('{"a": 1}', None),
+        ('{"a": 2}', None),
+    ]
