@@ -220,6 +220,9 @@ def _read_json(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]
     except (ValueError, UnicodeDecodeError) as err:
         yield 0, data.decode("utf-8", errors="replace"), f"invalid_json: {err}"
         return
+    except RecursionError:
+        yield 0, data.decode("utf-8", errors="replace"), "invalid_json: nested too deeply to parse"
+        return
     items = document if isinstance(document, list) else [document]
     for index, item in enumerate(items):
         yield index, json.dumps(item, ensure_ascii=False), None

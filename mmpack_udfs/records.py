@@ -7,9 +7,11 @@ turns every raw record into exactly one output row; nothing is dropped here.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -17,6 +19,8 @@ from mmpack_udfs import fs, media
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
 from mmpack_udfs.sharegpt import DatasetSpec, parse_record, sample_id
+
+LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,7 @@ class RecordNormalizer:
         if raw["error"]:
             reason, _, detail = raw["error"].partition(": ")
             raise Rejected(Reason(reason), detail)
-        try:
-            record = json.loads(raw["raw"])
-        except ValueError as err:
-            raise Rejected(Reason.INVALID_JSON, str(err)) from err
+        record = parse_json(raw["raw"])
         spec = self.specs[raw["dataset"]]
         conversation = parse_record(record, spec)
         uris = [media.resolve(ref, spec.media_root) for _, ref in conversation.media]
@@ -107,6 +108,25 @@ class RecordNormalizer:
             "raw": text[:limit],
             "raw_truncated": len(text) > limit,
         }
+
+
+def parse_json(text: str) -> Any:
+    """A record's JSON, or Rejected(invalid_json): also for nesting too deep to parse and for
+    text with a lone UTF-16 surrogate (``"\\ud800"``), which no UTF-8 writer can store."""
+    try:
+        record = json.loads(text)
+    except ValueError as err:
+        raise Rejected(Reason.INVALID_JSON, str(err)) from err
+    except RecursionError as err:
+        raise Rejected(Reason.INVALID_JSON, "nested too deeply to parse") from err
+    if "\\u" in text and LONE_SURROGATE_ESCAPE.search(text):  # cheap test first: escapes are rare
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise Rejected(
+                Reason.INVALID_JSON, f"a string holds a lone UTF-16 surrogate: {err.reason}"
+            ) from err
+    return record
 
 
 def _base(raw: Mapping) -> dict:

@@ -111,3 +111,9 @@ def test_a_utf8_bom_does_not_cost_the_first_record(tmp_path, name, split_bytes):
         ('{"a": 1}', None),
         ('{"a": 2}', None),
     ]
+
+
+def test_a_json_file_nested_too_deeply_is_one_invalid_record(tmp_path):
+    (tmp_path / "deep.json").write_text("[" * 10_000 + "]" * 10_000)
+    got, counted = records_of(one_file(tmp_path), 1 << 20)
+    assert counted == 1 and got[0][3] == "invalid_json: nested too deeply to parse"

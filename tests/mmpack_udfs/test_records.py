@@ -58,3 +58,19 @@ def test_a_missing_image_is_probed_once_and_quarantined_every_time(tmp_path, mon
     rows = [n(raw(json.dumps(record), position=p)) for p in range(3)]
     assert [r["reason"] for r in rows] == ["media_missing"] * 3
     assert len(calls) == 1
+
+
+def test_json_nested_too_deeply_is_quarantined_not_a_crash(tmp_path):
+    deep = "[" * 10_000 + "]" * 10_000
+    row = normalizer(tmp_path)(raw('{"conversations": ' + deep + "}"))
+    assert row["kind"] == ROW_KIND_QUARANTINE and row["reason"] == "invalid_json"
+    assert "nested too deeply" in row["detail"]
+
+
+def test_a_lone_surrogate_is_quarantined_not_a_crash(tmp_path):
+    text = '{"conversations": [{"from": "human", "value": "a\\ud800b"}, {"from": "gpt", "value": "x"}]}'
+    row = normalizer(tmp_path)(raw(text))
+    assert row["kind"] == ROW_KIND_QUARANTINE and row["reason"] == "invalid_json"
+    assert "surrogate" in row["detail"] and row["raw"] == text
+    paired = text.replace("\\ud800", "\\ud83d\\ude00")  # a valid pair (an emoji) is fine
+    assert normalizer(tmp_path)(raw(paired))["kind"] == ROW_KIND_SAMPLE
