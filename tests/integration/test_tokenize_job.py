@@ -88,6 +88,33 @@ def test_rerun_is_skipped_and_a_new_run_id_rewrites_identical_files(spark, first
     assert after == before
 
 
+def test_a_rerun_after_a_kill_between_the_two_commits_commits_each_table_once(
+    spark, demo, normalized, monkeypatch
+):
+    config = demo_config(demo, normalized, "run_id=killed-between-commits")
+    real_commit, calls = tables.commit, []
+
+    def killed_after_first(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise SystemExit("killed")  # the process dies after the tokenized commit
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(tables, "commit", killed_after_first)
+    with pytest.raises(SystemExit):
+        tokenize.run(spark, config)
+    monkeypatch.setattr(tables, "commit", real_commit)
+    uri = table_uri(str(normalized), "tokenized")
+    version = tables.open_table(uri).version()
+    summary = tokenize.run(spark, config)
+    assert tables.open_table(uri).version() == version  # no second commit of the same run
+    runs = [e for e in tables.open_table(uri).history() if e.get("mmpack_run_id") == "killed-between-commits"]
+    assert len(runs) == 1
+    counts = summary["counts"]
+    assert counts["samples_in"] == counts["tokenized_samples"] + counts["quarantined"]
+    assert tables.read_arrow(uri).num_rows == counts["tokenized_rows"]
+
+
 def test_split_policy_accounts_for_every_sample(spark, demo, normalized):
     config = demo_config(
         demo, normalized, "tokenize.over_length=split", "tokenize.max_tokens=1500", "run_id=split-run"
