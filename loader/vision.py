@@ -17,6 +17,8 @@ import tempfile
 import numpy as np
 from PIL import Image
 
+from mmpack_udfs.schemas import RGB_CONVERTIBLE_MODES
+
 CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
@@ -30,6 +32,8 @@ class MediaDecodeError(RuntimeError):
 
 def decode_image(data: bytes) -> Image.Image:
     with Image.open(io.BytesIO(data)) as image:
+        if image.mode not in RGB_CONVERTIBLE_MODES:  # normalize quarantines these: a shard never should
+            raise MediaDecodeError(f"pixel mode {image.mode} would clip when converted to 8-bit RGB")
         return image.convert("RGB")
 
 

@@ -24,7 +24,7 @@ import cv2
 import pyarrow.fs as pafs
 from PIL import Image
 
-from mmpack_udfs import fs
+from mmpack_udfs import fs, schemas
 from mmpack_udfs.reasons import Reason, Rejected
 
 # We enforce our own pixel limit before decoding; Pillow's would raise a different error.
@@ -109,6 +109,11 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
+                if image.mode not in schemas.RGB_CONVERTIBLE_MODES:
+                    raise Rejected(
+                        Reason.MEDIA_UNSUPPORTED,
+                        f"{uri}: pixel mode {image.mode} (16-bit, 32-bit or float) would clip in 8-bit RGB",
+                    )
                 if width * height > settings.max_image_pixels:
                     raise Rejected(
                         Reason.IMAGE_TOO_LARGE,

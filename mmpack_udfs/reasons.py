@@ -43,7 +43,10 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.MEDIA_UNREADABLE: "a media file cannot be opened or decoded (corrupt, wrong format)",
     Reason.IMAGE_TOO_LARGE: "an image has more pixels than normalize.max_image_pixels",
     Reason.VIDEO_NO_FRAMES: "a video opens but none of its first frames decode",
-    Reason.MEDIA_UNSUPPORTED: "the profile cannot take this media (aspect ratio, too few frames)",
+    Reason.MEDIA_UNSUPPORTED: (
+        "the media cannot be taken faithfully: an aspect ratio or frame count the profile refuses, "
+        "or a 16-bit / 32-bit / float image that 8-bit RGB would clip"
+    ),
     Reason.TOO_LONG: "more tokens than tokenize.max_tokens under the configured over-length policy",
     Reason.NO_SUPERVISED_TOKENS: "no token is left to train on after loss masking",
 }

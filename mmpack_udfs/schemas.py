@@ -213,3 +213,12 @@ def load_manifest(uri: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
             f"reads version {SHARD_FORMAT_VERSION}"
         )
     return manifest
+
+
+# Pillow image modes whose conversion to 8-bit RGB keeps what the pixels mean. The others
+# (16-bit "I;16*", 32-bit "I", float "F") clip to saturated or black pixels, with no warning,
+# in Pillow and so in the model's processor: normalize quarantines such images
+# (media_unsupported) and the loader refuses them. One rule for both sides.
+RGB_CONVERTIBLE_MODES = frozenset(
+    {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
+)

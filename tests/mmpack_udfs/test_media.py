@@ -117,3 +117,27 @@ def test_rejection_details_are_the_same_on_every_run(media_root):
             media.probe("image", str(media_root / "bad/not_an_image.png"), SETTINGS)
         details.add(info.value.detail)
     assert len(details) == 1 and " at 0x" not in details.pop()
+
+
+def high_bit_depth_images(root) -> dict[str, str]:
+    """A real 16-bit PNG and a real float TIFF, written by Pillow."""
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.linspace(0, 65535, 64 * 48).reshape(48, 64)
+    paths = {"png16": str(root / "deep.png"), "float_tiff": str(root / "float.tif")}
+    Image.fromarray(ramp.astype(np.uint16)).save(paths["png16"])
+    Image.fromarray((ramp / 65535).astype(np.float32)).save(paths["float_tiff"])
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["png16", "float_tiff"])
+def test_images_8_bit_rgb_would_clip_are_unsupported_in_normalize_and_the_loader(tmp_path, kind):
+    from loader.vision import MediaDecodeError, decode_image
+
+    path = high_bit_depth_images(tmp_path)[kind]
+    with pytest.raises(Rejected) as rejected:
+        media.probe("image", path, media.ProbeSettings())
+    assert rejected.value.reason == Reason.MEDIA_UNSUPPORTED and "would clip" in rejected.value.detail
+    with open(path, "rb") as f, pytest.raises(MediaDecodeError, match="would clip"):
+        decode_image(f.read())
