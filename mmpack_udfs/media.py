@@ -133,7 +133,8 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
 
 
 def probe_video(uri: str, size: int, settings: ProbeSettings, s3: fs.S3Options | None = None) -> MediaInfo:
-    """Geometry, frame count, fps and duration from OpenCV; the first frames must decode."""
+    """Geometry, fps and duration from OpenCV; the first frames must decode, and the frame
+    count is the frames that decode (up to what the header claims), not the header's claim."""
     if not fs.is_s3(uri):
         return _probe_video_file(uri, uri, size, settings)
     suffix = os.path.splitext(uri)[1]
@@ -141,6 +142,16 @@ def probe_video(uri: str, size: int, settings: ProbeSettings, s3: fs.S3Options |
         tmp.write(fs.read_bytes(uri, s3))
         tmp.flush()
         return _probe_video_file(uri, tmp.name, size, settings)
+
+
+def _frames_that_decode(capture, claimed: int) -> int:
+    """How many of the next ``claimed`` frames decode, read in order as the loader reads them.
+    A truncated file's header still claims every frame: tokenize plans frame indices from
+    this honest count, so whatever a shard references decodes."""
+    decoded = 0
+    while decoded < claimed and capture.grab():
+        decoded += 1
+    return decoded
 
 
 def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -> MediaInfo:
@@ -156,6 +167,10 @@ def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -
             ok, frame = capture.read()
             if not ok or frame is None:
                 raise Rejected(Reason.VIDEO_NO_FRAMES, f"{uri}: frame {i} does not decode")
+        if frames > settings.video_check_frames:
+            frames = settings.video_check_frames + _frames_that_decode(
+                capture, frames - settings.video_check_frames
+            )
     finally:
         capture.release()
     if frames <= 0 or fps <= 0 or width <= 0 or height <= 0:

@@ -141,3 +141,35 @@ def test_images_8_bit_rgb_would_clip_are_unsupported_in_normalize_and_the_loader
     assert rejected.value.reason == Reason.MEDIA_UNSUPPORTED and "would clip" in rejected.value.detail
     with open(path, "rb") as f, pytest.raises(MediaDecodeError, match="would clip"):
         decode_image(f.read())
+
+
+def test_a_truncated_video_is_planned_from_the_frames_that_decode(tmp_path):
+    """The header of a cut-off AVI still claims all its frames: the probe counts the frames
+    that decode, tokenize plans from that count, and the loader decodes every planned frame."""
+    import cv2
+    import numpy as np
+
+    from loader.vision import decode_frames
+    from mmpack_udfs.config import load_config
+    from mmpack_udfs.profiles import make_profile
+
+    whole, cut = tmp_path / "whole.avi", tmp_path / "cut.avi"
+    writer = cv2.VideoWriter(str(whole), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (64, 48))
+    for i in range(60):
+        writer.write(np.full((48, 64, 3), i * 4, np.uint8))
+    writer.release()
+    cut.write_bytes(whole.read_bytes()[: int(whole.stat().st_size * 0.35)])
+    capture = cv2.VideoCapture(str(cut))
+    claimed, decodable = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), 0
+    while capture.read()[0]:
+        decodable += 1
+    assert claimed == 60 and 0 < decodable < 60
+
+    info = media.probe("video", str(cut), media.ProbeSettings())
+    assert info.frames == decodable and info.duration == decodable / info.fps
+    profile = make_profile("qwen2_vl", load_config()["profiles"]["qwen2_vl"])
+    planned = profile.plan_video(info.frames, info.fps, info.width, info.height).frame_indices
+    from_header = profile.plan_video(claimed, info.fps, info.width, info.height).frame_indices
+    assert max(from_header) >= decodable  # what the loader could not read before
+    frames = decode_frames(cut.read_bytes(), list(planned), str(cut))
+    assert len(frames) == len(planned) and max(planned) < decodable
