@@ -308,6 +308,7 @@ def _bad_records(rng: random.Random, images: list[str], videos: list[str], bad: 
         sg([("human", "hi"), ("human", "again"), ("gpt", "ok")]),
         sg([("human", "hi"), ("gpt", "hello"), ("human", "bye")]),
         sg([("human", "hi"), ("system", "late system"), ("gpt", "ok")]),
+        sg([("human", "hi"), ("gpt", "  \n")]),
         {"conversations": [{"from": "human", "value": 42}, {"from": "gpt", "value": "n"}]},
         {
             "conversations": [

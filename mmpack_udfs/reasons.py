@@ -12,6 +12,7 @@ class Reason(StrEnum):
     MALFORMED_TURN = "malformed_turn"
     UNKNOWN_ROLE = "unknown_role"
     BROKEN_TURN_ORDER = "broken_turn_order"
+    EMPTY_ASSISTANT_TURN = "empty_assistant_turn"
     NON_STRING_CONTENT = "non_string_content"
     MALFORMED_MEDIA_FIELD = "malformed_media_field"
     PLACEHOLDER_MEDIA_MISMATCH = "placeholder_media_mismatch"
@@ -34,6 +35,10 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.UNKNOWN_ROLE: "a turn's role is not one of the dataset's role tags",
     Reason.BROKEN_TURN_ORDER: (
         "turns must alternate user/assistant, end with an assistant turn, system only first"
+    ),
+    Reason.EMPTY_ASSISTANT_TURN: (
+        "an assistant (or function_call) turn is empty or only whitespace: it would teach the "
+        "model to answer with nothing"
     ),
     Reason.NON_STRING_CONTENT: "a turn's content or the system prompt is not a string",
     Reason.MALFORMED_MEDIA_FIELD: "images/videos is not a string or a list of strings",

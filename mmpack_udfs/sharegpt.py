@@ -218,6 +218,9 @@ def _check_order(turns: list[tuple[str, str]]) -> None:
             raise Rejected(Reason.BROKEN_TURN_ORDER, f"turn {i} is {role}, expected {side}")
     if turns[-1][0] not in MODEL_SIDE:
         raise Rejected(Reason.BROKEN_TURN_ORDER, "the last turn is not an assistant turn")
+    for i, (role, text) in enumerate(turns):
+        if role in MODEL_SIDE and not text.strip():  # would teach the model to answer with nothing
+            raise Rejected(Reason.EMPTY_ASSISTANT_TURN, f"turn {i} ({role}) is empty or only whitespace")
 
 
 def _media_list(record: Mapping[str, Any], key: str) -> list[str]:

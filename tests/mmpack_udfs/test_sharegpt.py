@@ -106,6 +106,18 @@ def test_bad_records_are_rejected_with_their_reason(record, reason):
     assert rejected(record) == reason
 
 
+@pytest.mark.parametrize("answer", ["", "   ", "\n\t "])
+def test_empty_or_whitespace_assistant_turns_are_quarantined(answer):
+    assert rejected(sg(("human", "hi"), ("gpt", answer))) == Reason.EMPTY_ASSISTANT_TURN
+    assert rejected(sg(("human", "hi"), ("gpt", answer), ("human", "?"), ("gpt", "ok"))) == (
+        Reason.EMPTY_ASSISTANT_TURN
+    )
+
+
+def test_empty_user_turns_are_kept():  # a user may send only media, or nothing to answer to
+    assert parse_record(sg(("human", ""), ("gpt", "Hello!")), SPEC).turns[0] == ("user", "")
+
+
 def test_function_call_may_end_a_conversation():
     conv = parse_record(sg(("human", "x"), ("function_call", "{}")), SPEC)
     assert conv.turns[-1] == ("function_call", "{}")
