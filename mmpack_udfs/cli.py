@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+from mmpack_udfs import fs, lock
 from mmpack_udfs.config import ConfigError, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
@@ -54,20 +55,22 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
 
     modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack, "validate": validate}
     config = config_from_args(args)
-    spark = get_spark(config["spark"], args.master)
-    started = time.time()
-    for number, stage in enumerate(stages, start=1):
-        if len(stages) > 1:
-            elapsed = time.time() - started
-            print(f"[{number}/{len(stages)}] {stage} ...  ({elapsed:.0f} s elapsed)", flush=True)
-        modules[stage].run(spark, config)
+    s3 = fs.S3Options.from_config(config.get("s3"))
+    with lock.output_lock(fs.normalize_uri(config["output"]), stages, s3):  # one writer per root
+        spark = get_spark(config["spark"], args.master)
+        started = time.time()
+        for number, stage in enumerate(stages, start=1):
+            if len(stages) > 1:
+                elapsed = time.time() - started
+                print(f"[{number}/{len(stages)}] {stage} ...  ({elapsed:.0f} s elapsed)", flush=True)
+            modules[stage].run(spark, config)
     if len(stages) > 1:
         print(f"pipeline done: {', '.join(stages)} in {time.time() - started:.1f} s")
     return EXIT_OK
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from mmpack_udfs import fs, report
+    from mmpack_udfs import report
 
     config = load_config(args.config, [])
     report.write_report(fs.normalize_uri(args.out), fs.S3Options.from_config(config.get("s3")))
@@ -148,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmpack_udfs.tables import TableError
 
         failures = (
+            lock.OutputLockedError,
             InputError,
             TableError,
             ReportError,
