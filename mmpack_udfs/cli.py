@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", help="run id for idempotent commits (config key 'run_id')")
     parser.add_argument("--mode", choices=["overwrite", "append"], help="table write mode")
     parser.add_argument("--master", help="Spark master (default: config spark.master, local[*])")
+    parser.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
 
 
 def config_from_args(args: argparse.Namespace) -> dict:
@@ -121,12 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("report", help="print and write the packing report of an output root")
     p.add_argument("out", metavar="OUT", help="output root of a pipeline run (local or s3://)")
     p.add_argument("--config", metavar="FILE", help="YAML config (its s3 section is used)")
+    p.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
     p.set_defaults(func=run_report)
 
     p = commands.add_parser("demo-data", help="generate a realistic demo dataset with real media")
     p.add_argument("dir", help="directory to write the dataset into")
     p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
     p.set_defaults(func=run_demo_data)
 
     p = commands.add_parser("demo", help="generate demo data, run the pipeline on it and validate it")
@@ -163,7 +167,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, failures):
             print(f"mmpack: {err}", file=sys.stderr)
             return EXIT_FAILED
-        raise
+        if getattr(args, "verbose", False):
+            raise
+        print(f"mmpack: {operational_failure(err)}", file=sys.stderr)
+        print("mmpack: run the command again with --verbose for the traceback", file=sys.stderr)
+        return EXIT_FAILED
+
+
+FAILURE_HINTS = [  # (text in the error, what to do)
+    ("No space left on device", "free space on that disk or write to another output root"),
+    ("ACCESS_DENIED", "check the AWS credentials and that they may read/write the bucket"),
+    ("AccessDenied", "check the AWS credentials and that they may read/write the bucket"),
+    ("NoSuchBucket", "check the bucket name, region and s3.endpoint_override"),
+    ("NETWORK_CONNECTION", "check the S3 endpoint (s3.endpoint_override) and the network"),
+    ("Parquet magic bytes not found", "an input or table file is not Parquet (or is truncated)"),
+    ("Couldn't deserialize thrift", "an input or table file is not valid Parquet (corrupt or truncated)"),
+]
+
+
+def operational_failure(err: BaseException) -> str:
+    """One line saying what failed and, where we can tell, what to do."""
+    text = f"{type(err).__name__}: {err}"
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    # a Spark task's failure carries the Python traceback: its last "XxxError: ..." line says it
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    line = (raised[-1] if raised else f"{type(err).__name__}: {lines[0] if lines else ''}")[:400]
+    for needle, advice in FAILURE_HINTS:
+        if needle in text:
+            return f"{line} ({advice})"
+    return line
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import yaml
 CONF_DIR = Path(os.environ.get("MMPACK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
 FREE_FORM_KEYS = {"spark.conf"}  # maps whose keys contain dots (Spark settings)
 OPEN_MAPS = FREE_FORM_KEYS | {"profiles"}  # maps that accept new keys (a new model profile)
+SPARK_LOG_LEVELS = {"ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN"}
 DATASET_KEYS = {"name", "paths", "format", "dialect", "columns", "tags", "media_root"}
 
 
@@ -133,6 +134,8 @@ def validate(config: Mapping[str, Any]) -> None:
     _positive_int(norm["video_check_frames"], "normalize.video_check_frames")
     _validate_tokenize(config)
     _validate_pack(config["pack"])
+    _validate_s3(config["s3"])
+    _validate_spark(config["spark"])
     if not isinstance(config["datasets"], list):
         raise ConfigError("datasets must be a list")
     names = set()
@@ -151,9 +154,44 @@ def _validate_tokenize(config: Mapping[str, Any]) -> None:
     for key, allowed in choices.items():
         if section[key] not in allowed:
             raise ConfigError(f"tokenize.{key} must be one of {', '.join(allowed)}, got {section[key]!r}")
+    tokenizer = section["tokenizer"]
+    if tokenizer is not None and not (isinstance(tokenizer, str) and tokenizer):
+        raise ConfigError(f"tokenize.tokenizer must be a directory path or null, got {tokenizer!r}")
+    if tokenizer and not tokenizer.startswith("s3://") and not os.path.isdir(tokenizer):
+        raise ConfigError(
+            f"tokenize.tokenizer: no tokenizer directory at {tokenizer} (a local Hugging Face "
+            "tokenizer directory, present on the driver and every executor; null: the built-in Qwen2)"
+        )
     if section["profile"] not in config["profiles"]:
         known = ", ".join(sorted(config["profiles"]))
         raise ConfigError(f"tokenize.profile '{section['profile']}' is not a profile (known: {known})")
+
+
+def _validate_s3(section: Mapping[str, Any]) -> None:
+    for key in ("endpoint_override", "region"):
+        if section[key] is not None and (not isinstance(section[key], str) or not section[key]):
+            raise ConfigError(f"s3.{key} must be a non-empty string or null, got {section[key]!r}")
+    if section["scheme"] not in (None, "http", "https"):
+        raise ConfigError(f"s3.scheme must be http, https or null, got {section['scheme']!r}")
+    for key in ("connect_timeout", "request_timeout"):
+        value = section[key]
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"s3.{key} must be a positive number of seconds, got {value!r}")
+    _positive_int(section["retries"], "s3.retries")
+
+
+def _validate_spark(section: Mapping[str, Any]) -> None:
+    for key in ("master", "app_name"):
+        if not isinstance(section[key], str) or not section[key]:
+            raise ConfigError(f"spark.{key} must be a non-empty string, got {section[key]!r}")
+    if str(section["log_level"]).upper() not in SPARK_LOG_LEVELS:
+        levels = ", ".join(sorted(SPARK_LOG_LEVELS))
+        raise ConfigError(f"spark.log_level must be one of {levels}, got {section['log_level']!r}")
+    if not isinstance(section["conf"], dict):
+        raise ConfigError("spark.conf must be a mapping of Spark settings")
+    for key, value in section["conf"].items():
+        if not isinstance(value, str | int | float | bool):
+            raise ConfigError(f"spark.conf.{key} must be a string, number or boolean, got {value!r}")
 
 
 def _validate_pack(section: Mapping[str, Any]) -> None:

@@ -36,3 +36,50 @@ def test_demo_data_command(tmp_path, capsys):
     assert cli.main(["demo-data", str(tmp_path / "d"), "--samples", "10", "--seed", "1"]) == 0
     assert (tmp_path / "d" / "mmpack.yaml").exists()
     assert "records" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("s3.retries=many", "s3.retries"),
+        ("s3.scheme=ftp", "s3.scheme"),
+        ("s3.connect_timeout=-1", "s3.connect_timeout"),
+        ("spark.conf.spark.executor.memory=[4g]", "spark.conf.spark.executor.memory"),
+        ("spark.log_level=LOUD", "spark.log_level"),
+        ("tokenize.tokenizer=/no/such/tokenizer", "tokenize.tokenizer"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_key(capsys, tmp_path, setting, key):
+    assert cli.main(["pack", "--out", str(tmp_path), "--set", setting]) == cli.EXIT_BAD_CONFIG
+    err = capsys.readouterr().err
+    assert f"configuration error: {key}" in err and "Traceback" not in err
+
+
+def test_an_unexpected_failure_is_one_line_and_verbose_shows_the_traceback(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    target = str(blocker / "demo")  # a real fault: the directory cannot be created
+    assert cli.main(["demo-data", target, "--samples", "5"]) == cli.EXIT_FAILED
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("mmpack: NotADirectoryError: ") and "--verbose" in lines[-1]
+    assert len(lines) == 2
+    with pytest.raises(NotADirectoryError):
+        cli.main(["demo-data", target, "--samples", "5", "--verbose"])
+
+
+def test_operational_failures_say_what_to_do(tmp_path):
+    import errno
+    import os
+
+    import pyarrow.parquet as pq
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "part-0.parquet"))
+    assert "free space" in cli.operational_failure(full)
+    (tmp_path / "x.parquet").write_bytes(b"definitely not parquet")
+    with pytest.raises(Exception) as corrupt:
+        pq.read_table(tmp_path / "x.parquet")
+    assert "not Parquet" in cli.operational_failure(corrupt.value)
+    spark_style = RuntimeError(
+        "An error occurred in a task.\nTraceback (most recent call last):\n  ...\nKeyError: 'x'"
+    )
+    assert cli.operational_failure(spark_style) == "KeyError: 'x'"
