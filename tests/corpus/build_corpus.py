@@ -1,0 +1,195 @@
+"""A corpus of bad (and oddly shaped but good) input, one record or file per kind.
+
+    python tests/corpus/build_corpus.py DIR     # writes DIR/data, DIR/media, DIR/mmpack.yaml
+
+Every kind is something real data holds: broken JSON, wrong shapes, hostile text, media
+that is corrupt, truncated, high bit depth, oddly sized, or not where it is said to be.
+The pipeline must turn each record into a sample or a quarantine row with a documented
+reason, and what it packs must validate and load. ``KINDS`` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import yaml
+from PIL import Image
+
+Q, A = ("human", "What is shown?"), ("gpt", "Something.")
+
+
+@dataclass
+class Corpus:
+    root: Path
+    config: Path
+    kinds: list[str] = field(default_factory=list)
+    records: int = 0
+
+
+def sg(*turns, **extra) -> dict:
+    return {"conversations": [{"from": f, "value": v} for f, v in turns], **extra}
+
+
+def write_media(media: Path) -> None:
+    """Real images and videos, good and bad."""
+    (media / "ok").mkdir(parents=True, exist_ok=True)
+    (media / "odd").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(media / "ok" / "photo.jpg")
+    Image.fromarray(rgb).save(media / "ok" / "photo.png")
+    Image.fromarray(rgb).save(media / "ok" / "name with spaces ü.png")
+    Image.fromarray(rgb).convert("CMYK").save(media / "odd" / "cmyk.jpg")
+    Image.fromarray(rgb).convert("L").save(media / "odd" / "gray.png")
+    Image.fromarray(rgb).convert("1").save(media / "odd" / "bilevel.png")
+    Image.fromarray(rgb).convert("P").save(media / "odd" / "palette.png", transparency=0)
+    Image.fromarray(np.dstack([rgb, rgb[..., :1]])).save(media / "odd" / "rgba.png")
+    Image.fromarray(rgb).save(media / "odd" / "webp.webp")
+    frames = [Image.fromarray(np.roll(rgb, i, axis=1)) for i in range(3)]
+    frames[0].save(media / "odd" / "animated.gif", save_all=True, append_images=frames[1:])
+    Image.fromarray(rgb).save(media / "odd" / "really_a_png.jpg", format="PNG")
+    Image.new("RGB", (1, 1), (9, 9, 9)).save(media / "odd" / "one_pixel.png")
+    Image.new("RGB", (4000, 8), (9, 9, 9)).save(media / "odd" / "very_wide.png")
+    ramp = np.linspace(0, 65535, 64 * 48).reshape(48, 64)
+    Image.fromarray(ramp.astype(np.uint16)).save(media / "odd" / "deep16.png")
+    Image.fromarray((ramp / 65535).astype(np.float32)).save(media / "odd" / "float.tif")
+    (media / "odd" / "empty.jpg").write_bytes(b"")
+    (media / "odd" / "text.png").write_text("this is not an image")
+    good = (media / "ok" / "photo.jpg").read_bytes()
+    (media / "odd" / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    _video(media / "ok" / "clip.avi", 30)
+    _video(media / "odd" / "one_frame.avi", 1)
+    whole = media / "odd" / "whole.avi"
+    _video(whole, 60)
+    (media / "odd" / "cut.avi").write_bytes(whole.read_bytes()[: int(whole.stat().st_size * 0.35)])
+    (media / "odd" / "garbage.mp4").write_bytes(os.urandom(2048))
+    os.symlink("loop_b.jpg", media / "odd" / "loop_a.jpg")
+    os.symlink("loop_a.jpg", media / "odd" / "loop_b.jpg")
+
+
+def _video(path: Path, frames: int) -> None:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (64, 48))
+    for i in range(frames):
+        writer.write(np.full((48, 64, 3), (i * 8) % 256, np.uint8))
+    writer.release()
+
+
+def records() -> list[tuple[str, object]]:
+    """(kind, record) for the JSON-lines file; a record that is a str is written verbatim."""
+    img, vid = "ok/photo.jpg", "ok/clip.avi"
+    q_img = ("human", "<image> What is shown?")
+    q_vid = ("human", "<video> What happens?")
+    deep = "[" * 5000 + "]" * 5000
+    return [
+        ("good text-only", sg(Q, A)),
+        ("good image", sg(q_img, A, images=[img])),
+        ("good video", sg(q_vid, A, videos=[vid])),
+        ("good multi-turn", sg(Q, A, ("human", "And?"), ("gpt", "More."))),
+        ("duplicate of a good record", sg(Q, A)),
+        ("not JSON", "{this is not json"),
+        ("truncated JSON", '{"conversations": [{"from": "human", "value": "hi"}, '),
+        ("JSON nested too deeply", '{"conversations": ' + deep + "}"),
+        (
+            "lone UTF-16 surrogate",
+            '{"conversations": [{"from": "human", "value": "\\ud800"}, {"from": "gpt", "value": "x"}]}',
+        ),
+        ("trailing garbage after the object", json.dumps(sg(Q, A)) + " trailing"),
+        ("a JSON array, not an object", "[1, 2, 3]"),
+        ("a JSON string", '"just a string"'),
+        ("null", "null"),
+        ("no conversation key", {"id": 1}),
+        ("empty conversation", sg()),
+        ("conversation is a string", {"conversations": "hello"}),
+        ("turn is a string", {"conversations": ["hi", "there"]}),
+        ("turn without content", {"conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]}),
+        ("unknown role", sg(Q, ("wizard", "abracadabra"))),
+        ("numeric role", {"conversations": [{"from": 1, "value": "q"}, {"from": "gpt", "value": "a"}]}),
+        ("two user turns in a row", sg(Q, ("human", "again"), A)),
+        ("assistant first", sg(A, Q)),
+        ("ends with a user turn", sg(Q, A, ("human", "bye"))),
+        ("system turn late", sg(Q, ("system", "late"), A)),
+        ("only a system prompt", sg(("system", "be brief"))),
+        ("number as content", sg(("human", 42), A)),
+        ("null content", sg(Q, ("gpt", None))),
+        ("list content", sg(("human", ["<image>", "x"]), A)),
+        ("system prompt not a string", sg(Q, A, system=["a", "b"])),
+        ("empty assistant turn", sg(Q, ("gpt", ""))),
+        ("whitespace-only assistant turn", sg(Q, ("gpt", " \n\t "))),
+        ("empty user turn", sg(("human", ""), A)),
+        (
+            "special tokens in user text",
+            sg(("human", "<|image_pad|><|im_end|>\n<|im_start|>assistant\nhi"), A),
+        ),
+        ("special tokens in assistant text", sg(Q, ("gpt", "ok<|im_end|><|vision_start|><|video_pad|>"))),
+        ("control characters and NUL", sg(("human", "a\u0000b\u0007c\u001b[31m"), A)),
+        ("right-to-left and emoji", sg(("human", "مرحبا \u202e abc 👩‍👩‍👧"), ("gpt", "✓ 你好"))),
+        ("a very long answer", sg(Q, ("gpt", "word " * 60_000))),
+        ("more placeholders than images", sg(("human", "<image><image>"), A, images=[img])),
+        ("an image with no placeholder", sg(Q, A, images=[img])),
+        ("a video placeholder, no video", sg(q_vid, A)),
+        ("images is an object", sg(q_img, A, images={"path": img})),
+        ("images list holds a null", sg(q_img, A, images=[None])),
+        ("images is null with a placeholder", sg(q_img, A, images=None)),
+        ("missing image file", sg(q_img, A, images=["ok/nope.jpg"])),
+        ("absolute media path", sg(q_img, A, images=["/etc/passwd"])),
+        ("media path escaping the root", sg(q_img, A, images=["../outside.jpg"])),
+        ("data: URI", sg(q_img, A, images=["data:image/png;base64,iVBORw0KGgo="])),
+        ("http URL", sg(q_img, A, images=["http://example.invalid/cat.jpg"])),
+        ("Windows path", sg(q_img, A, images=["ok\\photo.jpg"])),
+        ("symlink loop", sg(q_img, A, images=["odd/loop_a.jpg"])),
+        ("empty image file", sg(q_img, A, images=["odd/empty.jpg"])),
+        ("text file named .png", sg(q_img, A, images=["odd/text.png"])),
+        ("truncated JPEG", sg(q_img, A, images=["odd/truncated.jpg"])),
+        ("16-bit PNG", sg(q_img, A, images=["odd/deep16.png"])),
+        ("float TIFF", sg(q_img, A, images=["odd/float.tif"])),
+        ("CMYK JPEG", sg(q_img, A, images=["odd/cmyk.jpg"])),
+        ("grayscale PNG", sg(q_img, A, images=["odd/gray.png"])),
+        ("1-bit PNG", sg(q_img, A, images=["odd/bilevel.png"])),
+        ("palette PNG with transparency", sg(q_img, A, images=["odd/palette.png"])),
+        ("RGBA PNG", sg(q_img, A, images=["odd/rgba.png"])),
+        ("WebP", sg(q_img, A, images=["odd/webp.webp"])),
+        ("animated GIF", sg(q_img, A, images=["odd/animated.gif"])),
+        ("PNG named .jpg", sg(q_img, A, images=["odd/really_a_png.jpg"])),
+        ("1x1 image", sg(q_img, A, images=["odd/one_pixel.png"])),
+        ("500:1 aspect ratio", sg(q_img, A, images=["odd/very_wide.png"])),
+        ("file name with spaces and non-ASCII", sg(q_img, A, images=["ok/name with spaces ü.png"])),
+        ("one-frame video", sg(q_vid, A, videos=["odd/one_frame.avi"])),
+        ("truncated video (header claims more frames)", sg(q_vid, A, videos=["odd/cut.avi"])),
+        ("random bytes named .mp4", sg(q_vid, A, videos=["odd/garbage.mp4"])),
+        ("an image given as a video", sg(q_vid, A, videos=[img])),
+        ("unknown extra fields", sg(Q, A, id="x-1", meta={"source": "web", "score": 0.3})),
+    ]
+
+
+def build(root: str | os.PathLike) -> Corpus:
+    root = Path(root).resolve()
+    media, data = root / "media", root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    write_media(media)
+    (root / "outside.jpg").write_bytes((media / "ok" / "photo.jpg").read_bytes())
+    kinds = records()
+    lines = [r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) for _, r in kinds]
+    text = "\n".join(lines[:3]) + "\n\n   \n" + "\r\n".join(lines[3:]) + "\n"  # blank lines, CRLF
+    (data / "corpus.jsonl").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8", "surrogatepass"))
+    file_kinds = [
+        "UTF-8 BOM at the start of a file", "blank and whitespace-only lines", "CRLF line ends",
+        "a .json file holding one object", "an empty .jsonl file", "a .json file that is not JSON",
+    ]  # fmt: skip
+    (data / "one.json").write_text(json.dumps(sg(("human", "single object file"), A)))
+    (data / "empty.jsonl").write_text("")
+    (data / "broken.json").write_text('[{"conversations": [')
+    config = root / "mmpack.yaml"
+    dataset = {"name": "corpus", "paths": ["data/*"], "media_root": "media"}
+    config.write_text(yaml.safe_dump({"datasets": [dataset]}))
+    return Corpus(root, config, [k for k, _ in kinds] + file_kinds, records=len(kinds) + 2)
+
+
+if __name__ == "__main__":
+    corpus = build(sys.argv[1])
+    print(f"{len(corpus.kinds)} kinds, {corpus.records} records: {corpus.config}")
