@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 	# torch 2.13.0 first: a CPU wheel on CPU-only machines (the train extra takes any torch >= 2.4)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[spark,train,dev]'
+	$(BIN)/python tools/pin_spark_python.py $(VENV)  # .venv/bin/spark-submit works without PATH
 	touch $(STAMP)
 
 demo: setup

@@ -81,6 +81,11 @@ def list_inputs(specs: Sequence[DatasetSpec], s3: fs.S3Options | None = None) ->
     """Every input file of every dataset, with its format; errors for empty or unknown inputs."""
     files: list[InputFile] = []
     for spec in specs:
+        if not fs.is_s3(spec.media_root) and not os.path.isdir(spec.media_root):
+            raise InputError(
+                f"dataset '{spec.name}': media_root {spec.media_root} is not a directory (every "
+                "media reference would be quarantined); fix the path (relative to the config file)"
+            )
         uris = sorted({u for pattern in spec.paths for u in fs.expand(pattern, s3)})
         if not uris:
             raise InputError(f"dataset '{spec.name}': no input files match {list(spec.paths)}")

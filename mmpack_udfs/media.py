@@ -9,6 +9,7 @@ and fps and to decode their first frames.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import posixpath
@@ -26,6 +27,8 @@ from PIL import Image
 
 from mmpack_udfs import fs, schemas
 from mmpack_udfs.reasons import Reason, Rejected
+
+REMOTE_SCHEMES = {"http", "https", "ftp", "gs", "hdfs", "s3a", "s3n", "abfs", "abfss", "wasb", "wasbs"}
 
 # We enforce our own pixel limit before decoding; Pillow's would raise a different error.
 Image.MAX_IMAGE_PIXELS = None
@@ -65,6 +68,13 @@ class MediaInfo:
 def resolve(reference: str, media_root: str) -> str:
     """The URI of ``reference`` under ``media_root``; Rejected if it would leave the root."""
     ref = reference.replace("\\", "/")
+    scheme = ref.split(":", 1)[0].lower() if ":" in ref else ""
+    if scheme == "data" or scheme in REMOTE_SCHEMES:
+        what = "inline data: URIs are" if scheme == "data" else f"{scheme}:// URLs are"
+        raise Rejected(
+            Reason.MEDIA_UNSUPPORTED,
+            f"{reference[:60]!r}: {what} not read; store the media as a file under the media root",
+        )
     if not ref or ref.startswith("/") or "://" in ref or (len(ref) > 1 and ref[1] == ":"):
         raise Rejected(Reason.MEDIA_PATH_ESCAPE, f"{reference!r} is not a relative path")
     relative = posixpath.normpath(ref)
@@ -81,6 +91,16 @@ def resolve(reference: str, media_root: str) -> str:
     return path
 
 
+def _link_problem(path: str) -> str:
+    try:
+        os.stat(path)
+    except OSError as err:
+        return (
+            "a loop of links" if err.errno == errno.ELOOP else f"its target is missing: {os.readlink(path)}"
+        )
+    return "unreadable"
+
+
 def probe(kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None = None) -> MediaInfo:
     """Probe one media file; raise Rejected with the reason it cannot be used."""
     try:
@@ -88,6 +108,10 @@ def probe(kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None 
     except OSError as err:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: {err}") from err
     if info.type == pafs.FileType.NotFound:
+        if not fs.is_s3(uri) and os.path.islink(uri):  # a link whose target is gone or loops back
+            raise Rejected(
+                Reason.MEDIA_UNREADABLE, f"{uri}: a symbolic link to nothing ({_link_problem(uri)})"
+            )
         raise Rejected(Reason.MEDIA_MISSING, uri)
     if info.type != pafs.FileType.File:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri} is not a file")

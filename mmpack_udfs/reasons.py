@@ -50,7 +50,8 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.VIDEO_NO_FRAMES: "a video opens but none of its first frames decode",
     Reason.MEDIA_UNSUPPORTED: (
         "the media cannot be taken faithfully: an aspect ratio or frame count the profile refuses, "
-        "or a 16-bit / 32-bit / float image that 8-bit RGB would clip"
+        "a 16-bit / 32-bit / float image that 8-bit RGB would clip, or a data: URI or URL "
+        "instead of a file under the media root"
     ),
     Reason.TOO_LONG: "more tokens than tokenize.max_tokens under the configured over-length policy",
     Reason.NO_SUPERVISED_TOKENS: "no token is left to train on after loss masking",

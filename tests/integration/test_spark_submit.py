@@ -51,3 +51,21 @@ def test_spark_submit_bad_config_exits_2(demo, tmp_path):
     result = submit("tokenize", dist, "--config", str(demo.config), "--set", "pack.budget=-1")
     assert result.returncode == cli.EXIT_BAD_CONFIG
     assert "pack.budget must be a positive integer" in result.stdout + result.stderr
+
+
+def test_the_venv_spark_submit_works_by_absolute_path_without_path(demo, tmp_path):
+    """cron, an Airflow worker or an IDE call .venv/bin/spark-submit with a bare PATH."""
+    dist = make_dist.build(tmp_path / "dist")
+    bare = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"}
+    job = [
+        str(SPARK_SUBMIT),
+        "--master",
+        "local[1]",
+        "--py-files",
+        str(dist),
+        str(ROOT / "jobs" / "tokenize.py"),
+    ]
+    args = ["--config", str(demo.config), "--set", "pack.budget=-1"]
+    result = subprocess.run([*job, *args], env=bare, capture_output=True, text=True, timeout=300)
+    assert result.returncode == cli.EXIT_BAD_CONFIG, result.stderr[-3000:]  # the job itself ran
+    assert "pack.budget must be a positive integer" in result.stdout + result.stderr

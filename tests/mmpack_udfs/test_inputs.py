@@ -23,7 +23,7 @@ def records_of(files, split_bytes):
 
 
 def one_file(path, dataset="d"):
-    spec = DatasetSpec(name=dataset, paths=(str(path),), media_root="/m")
+    spec = DatasetSpec(name=dataset, paths=(str(path),), media_root=str(path.parent))
     return inputs.list_inputs([spec])
 
 
@@ -117,3 +117,10 @@ def test_a_json_file_nested_too_deeply_is_one_invalid_record(tmp_path):
     (tmp_path / "deep.json").write_text("[" * 10_000 + "]" * 10_000)
     got, counted = records_of(one_file(tmp_path), 1 << 20)
     assert counted == 1 and got[0][3] == "invalid_json: nested too deeply to parse"
+
+
+def test_a_media_root_that_does_not_exist_fails_up_front(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"a": 1}\n')
+    spec = DatasetSpec(name="d", paths=(str(tmp_path / "x.jsonl"),), media_root=str(tmp_path / "nope"))
+    with pytest.raises(inputs.InputError, match=r"media_root \S*nope is not a directory"):
+        inputs.list_inputs([spec])

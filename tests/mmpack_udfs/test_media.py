@@ -173,3 +173,27 @@ def test_a_truncated_video_is_planned_from_the_frames_that_decode(tmp_path):
     assert max(from_header) >= decodable  # what the loader could not read before
     frames = decode_frames(cut.read_bytes(), list(planned), str(cut))
     assert len(frames) == len(planned) and max(planned) < decodable
+
+
+@pytest.mark.parametrize(
+    ("ref", "reason", "says"),
+    [
+        ("data:image/png;base64,iVBORw0KGgo=", Reason.MEDIA_UNSUPPORTED, "inline data: URIs"),
+        ("https://example.invalid/cat.jpg", Reason.MEDIA_UNSUPPORTED, "https:// URLs"),
+        ("HTTP://example.invalid/cat.jpg", Reason.MEDIA_UNSUPPORTED, "http:// URLs"),
+    ],
+)
+def test_data_uris_and_urls_say_what_they_are(ref, reason, says, tmp_path):
+    with pytest.raises(Rejected) as rejected:
+        media.resolve(ref, str(tmp_path))
+    assert rejected.value.reason == reason and says in rejected.value.detail
+
+
+def test_symlink_loops_and_dangling_links_are_unreadable_not_missing(tmp_path):
+    os.symlink("b.jpg", tmp_path / "a.jpg")
+    os.symlink("a.jpg", tmp_path / "b.jpg")
+    os.symlink("gone.jpg", tmp_path / "dangling.jpg")
+    for name, says in (("a.jpg", "a loop of links"), ("dangling.jpg", "target is missing")):
+        with pytest.raises(Rejected) as rejected:
+            media.probe("image", str(tmp_path / name), media.ProbeSettings())
+        assert rejected.value.reason == Reason.MEDIA_UNREADABLE and says in rejected.value.detail
