@@ -116,9 +116,11 @@ def _looks_like_json_lines(uri: str, s3: fs.S3Options | None) -> bool:
     head = fs.read_bytes(uri, s3, 0, READ_CHUNK).removeprefix(UTF8_BOM).lstrip()
     if not head.startswith(b"{"):
         return False
-    first_line = head.split(b"\n", 1)[0]
+    lines = head.rstrip().split(b"\n")
+    if sum(line.startswith(b"{") for line in lines) >= 2:  # objects at the start of lines: JSON lines,
+        return True  # even when the first one is broken (pretty-printed JSON indents its inner lines)
     try:
-        return isinstance(json.loads(first_line), dict) and b"\n" in head.rstrip()
+        return isinstance(json.loads(lines[0]), dict) and len(lines) > 1
     except ValueError:
         return False
 

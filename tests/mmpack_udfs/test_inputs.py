@@ -124,3 +124,12 @@ def test_a_media_root_that_does_not_exist_fails_up_front(tmp_path):
     spec = DatasetSpec(name="d", paths=(str(tmp_path / "x.jsonl"),), media_root=str(tmp_path / "nope"))
     with pytest.raises(inputs.InputError, match=r"media_root \S*nope is not a directory"):
         inputs.list_inputs([spec])
+
+
+def test_a_json_lines_file_named_json_with_a_broken_first_line_keeps_its_good_records(tmp_path):
+    (tmp_path / "lines.json").write_text('{"broken": \n{"k": 1}\n{"k": 2}\n')
+    assert one_file(tmp_path)[0].format == "jsonl"
+    got, counted = records_of(one_file(tmp_path), 1 << 20)
+    assert counted == 3 and [raw for _, _, raw, _ in got] == ['{"broken": ', '{"k": 1}', '{"k": 2}']
+    (tmp_path / "lines.json").write_text('{\n  "pretty": {\n    "k": 1\n  }\n}\n')  # one pretty object
+    assert one_file(tmp_path)[0].format == "json"
