@@ -79,6 +79,16 @@ def run_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_gc(args: argparse.Namespace) -> int:
+    from mmpack_udfs.stages import gc
+
+    config = config_from_args(args)
+    output, s3 = fs.normalize_uri(config["output"]), fs.S3Options.from_config(config.get("s3"))
+    with lock.output_lock(output, ["gc"], s3):
+        print(gc.format_summary(gc.collect(output, s3, args.dry_run), args.dry_run))
+    return EXIT_OK
+
+
 def run_demo_data(args: argparse.Namespace) -> int:
     from mmpack_udfs import demo_data
 
@@ -125,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="YAML config (its s3 section is used)")
     p.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
     p.set_defaults(func=run_report)
+
+    p = commands.add_parser(
+        "gc", help="delete shard files of failed or superseded packs (never published ones)"
+    )
+    add_config_options(p)
+    p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    p.set_defaults(func=run_gc)
 
     p = commands.add_parser("demo-data", help="generate a realistic demo dataset with real media")
     p.add_argument("dir", help="directory to write the dataset into")

@@ -198,3 +198,23 @@ def test_pack_to_s3_matches_the_local_run(spark, demo, tokenized_demo, packed, s
     pack.run(spark, demo_config(demo, out, *overrides))
     m = json.loads(client.get_object(Bucket=bucket, Key="out/packed/manifest.json")["Body"].read())
     assert [s["sha256"] for s in m["shards"]] == shard_hashes(packed[0])
+
+
+def test_gc_removes_superseded_and_killed_shards_never_published_ones(spark, demo, tokenized_demo, tmp_path):
+    out = fresh_output(tokenized_demo, tmp_path)
+    run_pack(spark, demo, out, "pack.seed=1")
+    superseded = set((out / "packed" / "shards").rglob("*.parquet"))
+    run_pack(spark, demo, out, "pack.seed=2")  # another run id: its own shard folder
+    stray = out / "packed" / "shards" / "killed-run" / "g0-0.parquet"  # a pack killed before publishing
+    stray.parent.mkdir()
+    stray.write_bytes(b"PAR1 half written")
+    live = manifest(out)
+    named = {out / "packed" / s["path"] for s in live["shards"]}
+    assert named and not named & superseded
+    before = set((out / "packed" / "shards").rglob("*.parquet"))
+    assert cli.main(["gc", "--out", str(out), "--dry-run"]) == 0
+    assert set((out / "packed" / "shards").rglob("*.parquet")) == before
+    assert cli.main(["gc", "--out", str(out)]) == 0
+    assert set((out / "packed" / "shards").rglob("*.parquet")) == named
+    for shard in live["shards"]:
+        assert hashlib.sha256((out / "packed" / shard["path"]).read_bytes()).hexdigest() == shard["sha256"]

@@ -1,0 +1,49 @@
+"""``mmpack gc``: remove the shard files of failed or superseded packs.
+
+A pack writes its shards under ``OUT/packed/shards/<run tag>/`` and publishes them by
+writing ``manifest.json`` last, so a killed pack or a replaced one leaves files behind
+that nothing names. This deletes every file under ``OUT/packed/shards/`` that the
+published manifest does not name, and never one it names. The CLI holds the output
+root's lock meanwhile, so no pack can be writing new shards.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from mmpack_udfs import fs, schemas
+
+
+def collect(output: str, s3: fs.S3Options | None = None, dry_run: bool = False) -> dict[str, Any]:
+    """Delete (or with ``dry_run`` only list) unnamed shard files; return what was found."""
+    packed = schemas.packed_uri(output)
+    manifest_uri = fs.join(packed, schemas.MANIFEST_NAME)
+    named: set[str] = set()
+    if fs.exists(manifest_uri, s3):
+        manifest = json.loads(fs.read_bytes(manifest_uri, s3))
+        named = {fs.join(packed, shard["path"]) for shard in manifest["shards"]}
+    filesystem, root = fs.filesystem(fs.join(packed, "shards"), s3)
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    files = [i for i in filesystem.get_file_info(selector) if i.type == pafs.FileType.File]
+    prefix = "s3://" if fs.is_s3(packed) else ""
+    unnamed = [i for i in files if prefix + i.path not in named]
+    if not dry_run:
+        for info in unnamed:
+            filesystem.delete_file(info.path)
+    return {
+        "kept": len(files) - len(unnamed),
+        "removed" if not dry_run else "would_remove": [prefix + i.path for i in unnamed],
+        "bytes": sum(i.size for i in unnamed),
+    }
+
+
+def format_summary(found: dict[str, Any], dry_run: bool) -> str:
+    gone = found["would_remove" if dry_run else "removed"]
+    verb = "would remove" if dry_run else "removed"
+    return (
+        f"gc: kept {found['kept']} shard file(s) named by the manifest; {verb} {len(gone)} file(s), "
+        f"{found['bytes'] / 2**20:.1f} MiB, of failed or superseded packs"
+    )
