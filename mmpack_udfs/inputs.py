@@ -18,6 +18,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -244,7 +245,18 @@ def _read_parquet(split: Split, s3) -> Iterator[tuple[int, str | None, str | Non
         offset = sum(parquet.metadata.row_group(g).num_rows for g in range(split.start))
         rows = parquet.read_row_group(split.start).to_pylist()
     for index, row in enumerate(rows):
-        yield offset + index, json.dumps(row, ensure_ascii=False, default=str), None
+        yield offset + index, json.dumps(row, ensure_ascii=False, default=_json_value), None
+
+
+def _json_value(value: Any) -> Any:
+    """Parquet values JSON has no type for. Binary: its text when it is UTF-8, else a marker
+    object (never the Python repr "b'...'", which would pass as text); others as strings."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return {"binary_bytes": len(value)}
+    return str(value)
 
 
 def read_splits_batches(

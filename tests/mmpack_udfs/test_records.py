@@ -74,3 +74,27 @@ def test_a_lone_surrogate_is_quarantined_not_a_crash(tmp_path):
     assert "surrogate" in row["detail"] and row["raw"] == text
     paired = text.replace("\\ud800", "\\ud83d\\ude00")  # a valid pair (an emoji) is fine
     assert normalizer(tmp_path)(raw(paired))["kind"] == ROW_KIND_SAMPLE
+
+
+def test_parquet_binary_content_is_text_when_utf8_and_never_a_bytes_repr(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mmpack_udfs import inputs
+
+    png = b"\x89PNG\r\n\x1a\n\x00\x00"
+    schema = pa.schema(
+        [("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.binary())])))]
+    )
+    rows = [
+        {"conversations": [{"from": "human", "value": "hé".encode()}, {"from": "gpt", "value": b"yo"}]},
+        {"conversations": [{"from": "human", "value": png}, {"from": "gpt", "value": b"yo"}]},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "x.parquet")
+    spec = DatasetSpec(name="d", paths=(str(tmp_path / "x.parquet"),), media_root=str(tmp_path))
+    (split,) = inputs.plan_splits(inputs.list_inputs([spec]), 1 << 20)
+    raws = [r for r in inputs.read_split(split) if r["records_read"] is None]
+    assert all("b'" not in r["raw"] for r in raws)
+    text, binary = (normalizer(tmp_path)(r) for r in raws)
+    assert text["kind"] == ROW_KIND_SAMPLE and text["turns"][0] == {"role": "user", "text": "hé"}
+    assert binary["kind"] == ROW_KIND_QUARANTINE and binary["reason"] == "non_string_content"
