@@ -88,23 +88,40 @@ def test_rerun_is_skipped_and_a_new_run_id_rewrites_identical_files(spark, first
     assert after == before
 
 
-def test_a_rerun_after_a_kill_between_the_two_commits_commits_each_table_once(
-    spark, demo, normalized, monkeypatch
+KILLED_BETWEEN_COMMITS = """
+import json, os, signal, sys
+from mmpack_udfs import tables
+from mmpack_udfs.spark import get_spark
+from mmpack_udfs.stages import tokenize
+config = json.loads(open(sys.argv[1]).read())
+real_commit, calls = tables.commit, []
+def commit_then_die(*args, **kwargs):
+    calls.append(args[0])
+    if len(calls) == 2:  # the tokenized table is committed, the quarantine table not yet
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_commit(*args, **kwargs)
+tables.commit = commit_then_die
+tokenize.run(get_spark(config["spark"]), config)
+"""
+
+
+def test_a_rerun_after_kill_9_between_the_two_commits_commits_each_table_once(
+    spark, demo, normalized, tmp_path
 ):
+    import json
+    import subprocess
+    import sys
+
     config = demo_config(demo, normalized, "run_id=killed-between-commits")
-    real_commit, calls = tables.commit, []
-
-    def killed_after_first(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 2:
-            raise SystemExit("killed")  # the process dies after the tokenized commit
-        return real_commit(*args, **kwargs)
-
-    monkeypatch.setattr(tables, "commit", killed_after_first)
-    with pytest.raises(SystemExit):
-        tokenize.run(spark, config)
-    monkeypatch.setattr(tables, "commit", real_commit)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    root = Path(__file__).resolve().parents[2]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_BETWEEN_COMMITS, str(tmp_path / "config.json")],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
     uri = table_uri(str(normalized), "tokenized")
+    assert tables.committed_run(uri, "killed-between-commits") is not None  # the first commit landed
     version = tables.open_table(uri).version()
     summary = tokenize.run(spark, config)
     assert tables.open_table(uri).version() == version  # no second commit of the same run

@@ -83,3 +83,26 @@ def test_operational_failures_say_what_to_do(tmp_path):
         "An error occurred in a task.\nTraceback (most recent call last):\n  ...\nKeyError: 'x'"
     )
     assert cli.operational_failure(spark_style) == "KeyError: 'x'"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 16 KiB filesystem (tmpfs), so that writing fills it: ENOSPC for real."""
+    import subprocess
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_is_one_line_that_says_so(tiny_disk, capsys):
+    assert cli.main(["demo-data", str(tiny_disk / "demo"), "--samples", "50"]) == cli.EXIT_FAILED
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "No space left on device" in lines[0] and "free space on that disk" in lines[0]
+    assert len(lines) == 2 and "Traceback" not in lines[0]
