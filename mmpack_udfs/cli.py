@@ -196,6 +196,7 @@ FAILURE_HINTS = [  # (text in the error, what to do)
     ("ACCESS_DENIED", "check the AWS credentials and that they may read/write the bucket"),
     ("AccessDenied", "check the AWS credentials and that they may read/write the bucket"),
     ("NoSuchBucket", "check the bucket name, region and s3.endpoint_override"),
+    ("bucket does not exist", "check the bucket name, region and s3.endpoint_override"),
     ("NETWORK_CONNECTION", "check the S3 endpoint (s3.endpoint_override) and the network"),
     ("Parquet magic bytes not found", "an input or table file is not Parquet (or is truncated)"),
     ("Couldn't deserialize thrift", "an input or table file is not valid Parquet (corrupt or truncated)"),

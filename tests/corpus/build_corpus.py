@@ -18,6 +18,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 from PIL import Image
 
@@ -167,6 +169,21 @@ def records() -> list[tuple[str, object]]:
     ]
 
 
+def _binary_parquet(path: Path, image: bytes) -> None:
+    """Turn text stored as ``binary`` (UTF-8: text) and raw image bytes in a content column."""
+    turn = pa.struct([("from", pa.string()), ("value", pa.binary())])
+    rows = [
+        {
+            "conversations": [
+                {"from": "human", "value": "binary text é".encode()},
+                {"from": "gpt", "value": b"ok"},
+            ]
+        },
+        {"conversations": [{"from": "human", "value": image}, {"from": "gpt", "value": b"ok"}]},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([("conversations", pa.list_(turn))])), path)
+
+
 def build(root: str | os.PathLike) -> Corpus:
     root = Path(root).resolve()
     media, data = root / "media", root / "data"
@@ -180,14 +197,16 @@ def build(root: str | os.PathLike) -> Corpus:
     file_kinds = [
         "UTF-8 BOM at the start of a file", "blank and whitespace-only lines", "CRLF line ends",
         "a .json file holding one object", "an empty .jsonl file", "a .json file that is not JSON",
+        "Parquet binary column holding UTF-8 text", "Parquet binary column holding image bytes",
     ]  # fmt: skip
     (data / "one.json").write_text(json.dumps(sg(("human", "single object file"), A)))
     (data / "empty.jsonl").write_text("")
     (data / "broken.json").write_text('[{"conversations": [')
+    _binary_parquet(data / "binary.parquet", (media / "ok" / "photo.png").read_bytes())
     config = root / "mmpack.yaml"
     dataset = {"name": "corpus", "paths": ["data/*"], "media_root": "media"}
     config.write_text(yaml.safe_dump({"datasets": [dataset]}))
-    return Corpus(root, config, [k for k, _ in kinds] + file_kinds, records=len(kinds) + 2)
+    return Corpus(root, config, [k for k, _ in kinds] + file_kinds, records=len(kinds) + 4)
 
 
 if __name__ == "__main__":

@@ -106,3 +106,17 @@ def test_a_full_disk_is_one_line_that_says_so(tiny_disk, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert "No space left on device" in lines[0] and "free space on that disk" in lines[0]
     assert len(lines) == 2 and "Traceback" not in lines[0]
+
+
+def test_a_missing_s3_bucket_is_one_line_that_says_what_to_check(s3_server, capsys):
+    s3 = [
+        "--set",
+        f"s3.endpoint_override={s3_server}",
+        "--set",
+        "s3.scheme=http",
+        "--set",
+        "s3.region=us-east-1",
+    ]
+    assert cli.main(["gc", "--out", "s3://no-such-bucket-here/run", *s3]) == cli.EXIT_FAILED
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "check the bucket name" in lines[0], lines
