@@ -43,9 +43,7 @@ class ShardSource:
 
     def nested_columns(self, shard: int, column: str, fields: list[str]) -> list[str]:
         """Parquet paths of some fields of a list<struct> column (to read them without the rest)."""
-        schema = self._open(shard).schema
-        paths = [schema.column(i).path for i in range(len(schema))]
-        return [p for p in paths if p.startswith(f"{column}.") and p.rsplit(".", 1)[1] in fields]
+        return schemas.nested_field_paths(self._open(shard).schema, column, fields)
 
     def read(self, shard: int, row_group: int, columns: list[str]) -> pa.Table:
         return self._open(shard).read_row_group(row_group, columns=columns)

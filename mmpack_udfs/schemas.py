@@ -222,3 +222,27 @@ def load_manifest(uri: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
 RGB_CONVERTIBLE_MODES = frozenset(
     {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
 )
+
+
+# The per-bin cost index (cost_index.parquet beside manifest.json, named and hashed in it):
+# one row per bin, in manifest shard order then row order, so a trainer plans an epoch
+# without opening a shard. See docs/FORMAT.md and mmpack_udfs/costs.py.
+COST_INDEX_NAME = "cost_index.parquet"
+COST_INDEX_COLUMNS = (
+    "shard",  # index into the manifest's shards
+    "row",  # row of the bin in its shard
+    "tokens",
+    "sum_sq_lengths",  # Σ l² over the bin's samples: the LLM's attention term
+    "media_items",
+    "vision_patches",  # vision encoder input patches
+    "vision_sq_patches",  # Σ over the encoder's attention blocks (frames, tiles) of patches²
+    "supervised_tokens",
+)
+COST_INDEX = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in COST_INDEX_COLUMNS])
+
+
+def nested_field_paths(parquet_schema: Any, column: str, fields: list[str]) -> list[str]:
+    """Parquet paths of some fields of a list<struct> column, to read them without the rest
+    (``pq.ParquetFile(...).schema`` in, e.g. ``media.list.element.grid_t`` out)."""
+    paths = [parquet_schema.column(i).path for i in range(len(parquet_schema))]
+    return [p for p in paths if p.startswith(f"{column}.") and p.rsplit(".", 1)[1] in fields]

@@ -25,6 +25,8 @@ def collect(output: str, s3: fs.S3Options | None = None, dry_run: bool = False) 
     if fs.exists(manifest_uri, s3):
         manifest = json.loads(fs.read_bytes(manifest_uri, s3))
         named = {fs.join(packed, shard["path"]) for shard in manifest["shards"]}
+        if "cost_index" in manifest:
+            named.add(fs.join(packed, manifest["cost_index"]["path"]))
     filesystem, root = fs.filesystem(fs.join(packed, "shards"), s3)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     files = [i for i in filesystem.get_file_info(selector) if i.type == pafs.FileType.File]

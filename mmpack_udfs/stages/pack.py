@@ -12,6 +12,7 @@ its group and the config); a reader only ever opens what the manifest names.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import mmpack_udfs
-from mmpack_udfs import fs, report, schemas, shards, tables
+from mmpack_udfs import costs, fs, report, schemas, shards, tables
 from mmpack_udfs.config import config_hash
 from mmpack_udfs.packing import first_fit_decreasing
 from mmpack_udfs.stages import runs
@@ -276,6 +277,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     skipped = [s for r in results for s in r["skipped"]]
     reconcile(rows_in, len(over), results)
     manifest = build_manifest(config, settings, run_id, tokenized_uri, snap.version, results)
+    manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, config, s3)
     fs.write_bytes(
         schemas.report_uri(output, SKIPPED_NAME), _json(sorted(skipped, key=lambda s: s["sample_id"])), s3
     )
@@ -342,6 +344,18 @@ def build_manifest(
         "config": config,
         "config_hash": config_hash(config),
     }
+
+
+def write_cost_index(
+    packed_root: str, shard_dir: str, manifest: Mapping[str, Any], config: Mapping[str, Any], s3
+) -> dict[str, Any]:
+    """Write the run's per-bin cost index beside its shards; the manifest entry naming it."""
+    profile = config["profiles"][manifest["profile"]]
+    data = costs.index_bytes(costs.cost_index(packed_root, manifest["shards"], profile, s3))
+    path = f"{shard_dir}/{schemas.COST_INDEX_NAME}"
+    fs.write_bytes(fs.join(packed_root, path), data, s3)
+    return {"path": path, "rows": manifest["totals"]["bins"], "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
 
 
 def publish_manifest(packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None) -> None:

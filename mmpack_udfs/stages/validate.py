@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs import costs, fs, schemas, tables
 from mmpack_udfs.shards import list_lengths, owner_of_elements
 from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages.pack import SKIPPED_NAME
@@ -62,6 +62,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
     try:
         problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
+        problems += cost_index_problems(packed_root, manifest, s3)
         packed_ids = checked.where("sample_id IS NOT NULL").select("sample_id")
         skipped, skipped_problems = read_skipped(output, manifest, s3)
         problems += skipped_problems
@@ -113,6 +114,33 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
     if len({s["path"] for s in shards}) != len(shards):
         problems.append("manifest: a shard path is listed twice")
     return problems
+
+
+def cost_index_problems(packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None) -> list[str]:
+    """The cost index the manifest names: its size and sha256, its schema, and every row
+    equal to what the published shards give (a packing made before the index: nothing)."""
+    entry = manifest.get("cost_index")
+    if entry is None:
+        return []
+    name = f"cost_index {entry['path']}"
+    try:
+        data = fs.read_bytes(fs.join(packed_root, entry["path"]), s3)
+    except OSError as err:
+        return [f"{name}: cannot be read: {err}"]
+    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        return [f"{name}: {len(data)} bytes, not the size and sha256 the manifest gives"]
+    index = pq.read_table(pa.BufferReader(data))
+    if not index.schema.equals(schemas.COST_INDEX) or index.num_rows != manifest["totals"]["bins"]:
+        return [f"{name}: not the cost index schema, or not one row per bin ({index.num_rows} rows)"]
+    profile = manifest["config"]["profiles"][manifest["profile"]]
+    try:
+        expected = costs.cost_index(packed_root, manifest["shards"], profile, s3)
+    except (OSError, pa.ArrowException) as err:
+        return [f"{name}: the shards cannot be read to check it: {err}"]
+    wrong = np.zeros(index.num_rows, bool)
+    for column in schemas.COST_INDEX_COLUMNS:
+        wrong |= index[column].to_numpy() != expected[column].to_numpy()
+    return [_describe(f"{name}: figures differ from the shards", wrong)] if wrong.any() else []
 
 
 def check_shards(

@@ -200,6 +200,35 @@ def test_pack_to_s3_matches_the_local_run(spark, demo, tokenized_demo, packed, s
     assert [s["sha256"] for s in m["shards"]] == shard_hashes(packed[0])
 
 
+def test_the_cost_index_has_one_row_per_bin_with_the_shards_figures(packed):
+    out, _ = packed
+    live = manifest(out)
+    entry = live["cost_index"]
+    data = (out / "packed" / entry["path"]).read_bytes()
+    assert len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
+    index = pq.read_table(out / "packed" / entry["path"])
+    assert (
+        index.schema.equals(schemas.COST_INDEX) and index.num_rows == entry["rows"] == live["totals"]["bins"]
+    )
+    rows = index.to_pylist()
+    position = 0
+    for number, shard in enumerate(live["shards"]):
+        bins = pq.read_table(out / "packed" / shard["path"]).to_pylist()
+        for row, b in enumerate(bins):
+            got = rows[position]
+            position += 1
+            lengths = [y - x for x, y in zip(b["cu_seqlens"], b["cu_seqlens"][1:], strict=False)]
+            frames = [(m["grid_t"], m["grid_h"] * m["grid_w"]) for m in b["media"]]
+            assert got == {
+                "shard": number, "row": row, "tokens": len(b["input_ids"]),
+                "sum_sq_lengths": sum(n * n for n in lengths), "media_items": len(b["media"]),
+                "vision_patches": sum(t * p for t, p in frames),
+                "vision_sq_patches": sum(t * p * p for t, p in frames),
+                "supervised_tokens": sum(label != -100 for label in b["labels"]),
+            }  # fmt: skip
+    assert position == len(rows)
+
+
 def test_gc_removes_superseded_and_killed_shards_never_published_ones(spark, demo, tokenized_demo, tmp_path):
     out = fresh_output(tokenized_demo, tmp_path)
     run_pack(spark, demo, out, "pack.seed=1")
@@ -209,7 +238,7 @@ def test_gc_removes_superseded_and_killed_shards_never_published_ones(spark, dem
     stray.parent.mkdir()
     stray.write_bytes(b"PAR1 half written")
     live = manifest(out)
-    named = {out / "packed" / s["path"] for s in live["shards"]}
+    named = {out / "packed" / s["path"] for s in [*live["shards"], live["cost_index"]]}
     assert named and not named & superseded
     before = set((out / "packed" / "shards").rglob("*.parquet"))
     assert cli.main(["gc", "--out", str(out), "--dry-run"]) == 0

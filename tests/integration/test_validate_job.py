@@ -85,3 +85,32 @@ def test_a_duplicated_bin_is_caught(spark, demo, copy):
 def test_no_manifest_is_a_clear_failure(demo, tmp_path, capsys):
     assert cli.main(["validate", "--config", str(demo.config), "--out", str(tmp_path)]) == cli.EXIT_FAILED
     assert "no manifest at" in capsys.readouterr().err
+
+
+def test_a_cost_index_that_disagrees_with_the_shards_is_named(spark, demo, copy):
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mmpack_udfs import costs, schemas
+
+    manifest_path = copy / "packed" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    entry = manifest["cost_index"]
+    index_path = copy / "packed" / entry["path"]
+    index = pq.read_table(index_path)
+    tokens = index["tokens"].to_numpy().copy()
+    tokens[1] += 7  # a stale or hand-edited index, with a consistent hash
+    edited = pa.Table.from_pydict({**index.to_pydict(), "tokens": tokens}, schema=schemas.COST_INDEX)
+    data = costs.index_bytes(edited)
+    index_path.write_bytes(data)
+    entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(
+        validate.ValidationError, match=r"figures differ from the shards in 1 bin\(s\) \(rows 1\)"
+    ):
+        validate.run(spark, demo_config(demo, copy))
+    index_path.write_bytes(data[:-3])
+    with pytest.raises(validate.ValidationError, match="not the size and sha256"):
+        validate.run(spark, demo_config(demo, copy))
