@@ -37,8 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import PackedBatch, PackedDataset, collate_packed
-
-IGNORE = -100
+from loader.dataset import IGNORE
 
 
 def tiny_qwen2_vl(seed: int = 0, attn_implementation: str = "sdpa"):

@@ -42,7 +42,7 @@ def describe_epoch(
             f"position_ids {tuple(batch['position_ids'].shape)}, {len(meta['sample_ids'])} samples, "
             f"max_length {batch['max_length_q']}, {meta['supervised_tokens']} supervised{vision}{filler}"
         )
-        tokens += batch.meta["num_tokens"]
+        tokens += meta["num_tokens"]
     seconds = time.perf_counter() - started
     print(f"loader: {steps} steps, {tokens:,} tokens in {seconds:.1f} s")
     return steps

@@ -81,21 +81,13 @@ def epoch_stream(units: list[Unit], seed: int, epoch: int, shuffle: bool) -> tup
     return unit_of, np.arange(len(unit_of)) - np.repeat(starts, rows)
 
 
-def rank_items(
-    units: list[Unit], slot: Slot, seed: int, epoch: int, shuffle: bool, drop_remainder: bool
-) -> list[Item]:
-    """This rank's items for the epoch (all its workers together), fillers last."""
-    unit_of, row_of = epoch_stream(units, seed, epoch, shuffle)
-    total, world, rank = len(unit_of), slot.world_size, slot.rank
-    wanted = items_per_rank(total, world, drop_remainder)
-    base, extra = divmod(total, world)
-    start = rank * base + (0 if drop_remainder else min(rank, extra))
-    stop = start + min(wanted, base + (rank < extra))
-    items = [Item(int(u), int(r)) for u, r in zip(unit_of[start:stop], row_of[start:stop], strict=True)]
-    for k in range(wanted - len(items)):  # at most one: a copy of a real bin, near this rank's chunk
-        source = (start + k) % total
-        items.append(Item(int(unit_of[source]), int(row_of[source]), filler=True))
-    return items
+def rank_range(total: int, slot: Slot, drop_remainder: bool) -> tuple[int, int, int]:
+    """[start, stop) of this rank's real bins in the epoch stream, and its items per epoch
+    (stop - start, plus one filler when its chunk is one short)."""
+    wanted = items_per_rank(total, slot.world_size, drop_remainder)
+    base, extra = divmod(total, slot.world_size)
+    start = slot.rank * base + (0 if drop_remainder else min(slot.rank, extra))
+    return start, start + min(wanted, base + (slot.rank < extra)), wanted
 
 
 def worker_run(count: int, worker: int, num_workers: int) -> tuple[int, int]:
@@ -109,10 +101,17 @@ def worker_run(count: int, worker: int, num_workers: int) -> tuple[int, int]:
 def worker_items(
     units: list[Unit], slot: Slot, seed: int, epoch: int, shuffle: bool, drop_remainder: bool
 ) -> list[Item]:
-    """This reader's items, before the buffer shuffle."""
-    items = rank_items(units, slot, seed, epoch, shuffle, drop_remainder)
-    start, stop = worker_run(len(items), slot.worker, slot.num_workers)
-    return items[start:stop]
+    """This reader's items, before the buffer shuffle: its run of its rank's items (the rank's
+    real bins, then a filler, a copy of a real bin near the rank's chunk, when one short)."""
+    unit_of, row_of = epoch_stream(units, seed, epoch, shuffle)
+    start, stop, wanted = rank_range(len(unit_of), slot, drop_remainder)
+    first, last = worker_run(wanted, slot.worker, slot.num_workers)  # positions in the rank's items
+    real = range(start + first, start + min(last, stop - start))
+    items = [Item(int(unit_of[i]), int(row_of[i])) for i in real]
+    for k in range(max(first, stop - start), last):  # filler positions of this worker's run
+        source = (start + k - (stop - start)) % len(unit_of)
+        items.append(Item(int(unit_of[source]), int(row_of[source]), filler=True))
+    return items
 
 
 def batches_per_epoch(count: int, num_workers: int, batch_size: int, drop_last: bool = False) -> int:

@@ -6,7 +6,8 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", help="run id for idempotent commits (config key 'run_id')")
     parser.add_argument("--mode", choices=["overwrite", "append"], help="table write mode")
     parser.add_argument("--master", help="Spark master (default: config spark.master, local[*])")
+    add_verbose_option(parser)
+
+
+def add_verbose_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
 
 
@@ -50,6 +55,14 @@ def config_from_args(args: argparse.Namespace) -> dict:
     return load_config(args.config, overrides)
 
 
+@contextmanager
+def locked_output(config: dict, stages: Sequence[str]) -> Iterator[tuple[str, fs.S3Options]]:
+    """Hold the configured output root's lock; yields (output root, S3 options)."""
+    output, s3 = fs.normalize_uri(config["output"]), fs.S3Options.from_config(config.get("s3"))
+    with lock.output_lock(output, stages, s3):
+        yield output, s3
+
+
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
     from mmpack_udfs.spark import get_spark
@@ -57,8 +70,7 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
 
     modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack, "validate": validate}
     config = config_from_args(args)
-    s3 = fs.S3Options.from_config(config.get("s3"))
-    with lock.output_lock(fs.normalize_uri(config["output"]), stages, s3):  # one writer per root
+    with locked_output(config, stages):  # one writer per root
         spark = get_spark(config["spark"], args.master)
         started = time.time()
         for number, stage in enumerate(stages, start=1):
@@ -83,9 +95,8 @@ def run_gc(args: argparse.Namespace) -> int:
     from mmpack_udfs.stages import gc
 
     config = config_from_args(args)
-    output, s3 = fs.normalize_uri(config["output"]), fs.S3Options.from_config(config.get("s3"))
-    with lock.output_lock(output, ["gc"], s3):
-        print(gc.format_summary(gc.collect(output, s3, args.dry_run), args.dry_run))
+    with locked_output(config, ["gc"]) as (output, s3):
+        print(gc.format_summary(gc.collect(output, s3, args.dry_run)))
     return EXIT_OK
 
 
@@ -133,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("report", help="print and write the packing report of an output root")
     p.add_argument("out", metavar="OUT", help="output root of a pipeline run (local or s3://)")
     p.add_argument("--config", metavar="FILE", help="YAML config (its s3 section is used)")
-    p.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
+    add_verbose_option(p)
     p.set_defaults(func=run_report)
 
     p = commands.add_parser(
@@ -147,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="directory to write the dataset into")
     p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
+    add_verbose_option(p)
     p.set_defaults(func=run_demo_data)
 
     p = commands.add_parser("demo", help="generate demo data, run the pipeline on it and validate it")
@@ -191,15 +202,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-FAILURE_HINTS = [  # (text in the error, what to do)
-    ("No space left on device", "free space on that disk or write to another output root"),
-    ("ACCESS_DENIED", "check the AWS credentials and that they may read/write the bucket"),
-    ("AccessDenied", "check the AWS credentials and that they may read/write the bucket"),
-    ("NoSuchBucket", "check the bucket name, region and s3.endpoint_override"),
-    ("bucket does not exist", "check the bucket name, region and s3.endpoint_override"),
-    ("NETWORK_CONNECTION", "check the S3 endpoint (s3.endpoint_override) and the network"),
-    ("Parquet magic bytes not found", "an input or table file is not Parquet (or is truncated)"),
-    ("Couldn't deserialize thrift", "an input or table file is not valid Parquet (corrupt or truncated)"),
+FAILURE_HINTS = [  # (texts in the error, what to do)
+    (("No space left on device",), "free space on that disk or write to another output root"),
+    (("ACCESS_DENIED", "AccessDenied"), "check the AWS credentials and that they may read/write the bucket"),
+    (("NoSuchBucket", "bucket does not exist"), "check the bucket name, region and s3.endpoint_override"),
+    (("NETWORK_CONNECTION",), "check the S3 endpoint (s3.endpoint_override) and the network"),
+    (
+        ("Parquet magic bytes not found", "Couldn't deserialize thrift"),
+        "an input or table file is not Parquet, or is corrupt or truncated",
+    ),
 ]
 
 
@@ -210,8 +221,8 @@ def operational_failure(err: BaseException) -> str:
     # a Spark task's failure carries the Python traceback: its last "XxxError: ..." line says it
     raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
     line = (raised[-1] if raised else f"{type(err).__name__}: {lines[0] if lines else ''}")[:400]
-    for needle, advice in FAILURE_HINTS:
-        if needle in text:
+    for needles, advice in FAILURE_HINTS:
+        if any(needle in text for needle in needles):
             return f"{line} ({advice})"
     return line
 

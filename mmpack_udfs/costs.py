@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs, schemas
+from mmpack_udfs import schemas
 
 SHARD_COLUMNS = ["num_tokens", "sum_sq_lengths", "vision_patches", "supervised_tokens"]
 MEDIA_FIELDS = ["grid_t", "grid_h", "grid_w", "num_tokens"]
@@ -52,21 +52,34 @@ def bin_costs(bins: pa.Table, shard: int, profile: Mapping[str, Any]) -> pa.Tabl
     )
 
 
-def shard_costs(uri: str, shard: int, profile: Mapping[str, Any], s3: fs.S3Options | None) -> pa.Table:
-    """The cost index rows of one published shard, reading only the columns they need."""
-    filesystem, path = fs.filesystem(uri, s3)
-    with filesystem.open_input_file(path) as f:
-        parquet = pq.ParquetFile(f)
-        columns = SHARD_COLUMNS + schemas.nested_field_paths(parquet.schema, "media", MEDIA_FIELDS)
-        return bin_costs(parquet.read(columns=columns), shard, profile)
+def shard_rows(bins: pa.Table, path: str, profile: Mapping[str, Any]) -> pa.Table:
+    """One shard's rows of the index before the manifest numbers the shards: ``path`` instead
+    of ``shard``. Computed by the task that writes the shard, from the bins in its hands."""
+    rows = bin_costs(bins, 0, profile).drop_columns(["shard"])
+    return rows.append_column("path", pa.array([path] * bins.num_rows, pa.string()))
 
 
-def cost_index(
-    packed_root: str, shards: list[dict], profile: Mapping[str, Any], s3: fs.S3Options | None
-) -> pa.Table:
-    """The whole index: every shard of ``shards`` (manifest entries, in manifest order)."""
-    parts = [shard_costs(fs.join(packed_root, s["path"]), i, profile, s3) for i, s in enumerate(shards)]
-    return pa.concat_tables(parts) if parts else schemas.COST_INDEX.empty_table()
+def assemble(parts: list[pa.Table], shards: list[dict]) -> pa.Table:
+    """The index from every shard's rows (``shard_rows``): shards numbered in manifest order."""
+    number = {shard["path"]: i for i, shard in enumerate(shards)}
+    if not parts:
+        return schemas.COST_INDEX.empty_table()
+    rows = pa.concat_tables(parts)
+    shard = pa.array([number[path] for path in rows["path"].to_pylist()], pa.int64())
+    rows = rows.append_column("shard", shard).sort_by([("shard", "ascending"), ("row", "ascending")])
+    return rows.select(list(schemas.COST_INDEX_COLUMNS)).cast(schemas.COST_INDEX)
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    """A table as Arrow IPC stream bytes (how a Spark task hands its rows to the driver)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 def index_bytes(index: pa.Table) -> bytes:

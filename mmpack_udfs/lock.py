@@ -113,9 +113,9 @@ def _dead_here(holder: dict) -> bool:
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False
     try:
-        os.kill(holder["pid"], 0)
+        os.kill(holder["pid"], 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return True
-    except PermissionError:
+    except OSError:  # it exists, owned by someone else
         return False
     return False

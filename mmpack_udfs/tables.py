@@ -286,6 +286,12 @@ def commit(
     rows: int,
     s3: fs.S3Options | None,
 ) -> int:
+    """Commit ``written`` as one transaction carrying ``run_id``; the table's version after it.
+    A run whose commit still stands is not committed again (a re-run after a kill between two
+    tables' commits, a retried driver): its version is returned."""
+    done = committed_run(uri, run_id, mode, s3)
+    if done is not None:
+        return done.version
     actions = [
         AddAction(
             path=w["path"],

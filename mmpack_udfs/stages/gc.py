@@ -37,15 +37,15 @@ def collect(output: str, s3: fs.S3Options | None = None, dry_run: bool = False) 
             filesystem.delete_file(info.path)
     return {
         "kept": len(files) - len(unnamed),
-        "removed" if not dry_run else "would_remove": [prefix + i.path for i in unnamed],
+        "unnamed": [prefix + i.path for i in unnamed],
         "bytes": sum(i.size for i in unnamed),
+        "deleted": not dry_run,
     }
 
 
-def format_summary(found: dict[str, Any], dry_run: bool) -> str:
-    gone = found["would_remove" if dry_run else "removed"]
-    verb = "would remove" if dry_run else "removed"
+def format_summary(found: dict[str, Any]) -> str:
+    verb = "removed" if found["deleted"] else "would remove"
     return (
-        f"gc: kept {found['kept']} shard file(s) named by the manifest; {verb} {len(gone)} file(s), "
-        f"{found['bytes'] / 2**20:.1f} MiB, of failed or superseded packs"
+        f"gc: kept {found['kept']} shard file(s) named by the manifest; {verb} {len(found['unnamed'])} "
+        f"file(s), {found['bytes'] / 2**20:.1f} MiB, of failed or superseded packs"
     )

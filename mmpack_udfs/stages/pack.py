@@ -55,6 +55,7 @@ GROUP_RESULT = pa.schema(
         ("bins", pa.int64()),
         ("shards", pa.list_(WRITTEN)),
         ("skipped", pa.list_(SKIPPED)),
+        ("costs", pa.binary()),  # the group's cost index rows (costs.shard_rows), Arrow IPC
         ("seconds", pa.float64()),
     ]
 )
@@ -118,6 +119,7 @@ def pack_groups(
     packed_root: str,
     shard_dir: str,
     s3: fs.S3Options | None,
+    profile: Mapping[str, Any] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: pack the rows of this partition (one group) and write its shards."""
     from pyspark import TaskContext
@@ -125,7 +127,8 @@ def pack_groups(
     group = TaskContext.get().partitionId()
     received = list(batches)
     if received:  # an empty partition is a group that no sample_id hashed to
-        yield pack_group(pa.Table.from_batches(received), group, settings, packed_root, shard_dir, s3)
+        rows = pa.Table.from_batches(received)
+        yield pack_group(rows, group, settings, packed_root, shard_dir, s3, profile)
 
 
 def pack_group(
@@ -135,8 +138,10 @@ def pack_group(
     packed_root: str,
     shard_dir: str,
     s3: fs.S3Options | None,
+    profile: Mapping[str, Any] | None = None,
 ) -> pa.RecordBatch:
-    """Pack one group's rows and write its shards; what was written, as one result row."""
+    """Pack one group's rows and write its shards; what was written (and, given the model
+    profile, the shards' cost index rows), as one result row."""
     started = time.perf_counter()
     rows = rows.take(pc.sort_indices(rows, [("sample_id", "ascending")]))  # arrival order must not matter
     lengths = rows.column("num_tokens").to_numpy().astype(np.int64)
@@ -151,7 +156,7 @@ def pack_group(
     bin_order = np.random.default_rng([settings.seed, group]).permutation(packing.num_bins)
     lay = shards.layout(packing.bin_of, lengths, bin_order)
     read_media = _media_reader(s3) if settings.embed_media else None
-    written = []
+    written, cost_rows = [], []
     for number, first in enumerate(range(0, lay.num_bins, settings.bins_per_shard)):
         end = min(first + settings.bins_per_shard, lay.num_bins)
         batch = shards.build_bins(rows, lay, first, end, group=group, read_media=read_media)
@@ -159,6 +164,8 @@ def pack_group(
         written.append(
             asdict(shards.write_shard(packed_root, name, [batch], settings.bins_per_row_group, s3))
         )
+        if profile is not None:
+            cost_rows.append(costs.shard_rows(pa.Table.from_batches([batch]), name, profile))
     skipped_ids = rows.column("sample_id").take(pa.array(packing.skipped)).to_pylist()
     skipped = [
         {
@@ -176,6 +183,7 @@ def pack_group(
         "bins": lay.num_bins,
         "shards": written,
         "skipped": skipped,
+        "costs": costs.to_ipc(pa.concat_tables(cost_rows)) if cost_rows else None,
         "seconds": time.perf_counter() - started,
     }
     return pa.RecordBatch.from_pylist([result], schema=GROUP_RESULT)
@@ -198,7 +206,8 @@ def check_oversize(
 ) -> tuple[int, int, list[str]]:
     """Rows and tokens in the table, and the ids of rows over a budget (reads count columns only).
 
-    Raises PackError when any row is over a budget and the policy is ``error``.
+    Raises PackError when any row is over a budget and the policy is ``error``, or when every
+    row is (nothing would be published).
     """
     columns = ["sample_id", "num_tokens", "image_tokens", "video_tokens"]
     if settings.second_by == "media_items":
@@ -214,12 +223,13 @@ def check_oversize(
             + f"), e.g. {', '.join(over[:5])}. Raise pack.budget (or tokenize with a smaller "
             "tokenize.max_tokens), or set pack.oversize=skip to leave them out."
         )
+    if over and len(over) == counts.num_rows:  # an empty packing is a failed run, not a success
+        raise PackError(
+            f"every one of the {counts.num_rows} tokenized rows is over the pack budget ({settings.budget} "
+            f"tokens), so nothing would be published. Raise pack.budget (the longest row has "
+            f"{int(lengths.max())} tokens) or tokenize with a smaller tokenize.max_tokens."
+        )
     return counts.num_rows, int(lengths.sum()), over
-
-
-def max_tokens(tokenized_uri: str, snap: tables.Snapshot, s3: fs.S3Options | None) -> int:
-    counts = tables.read_arrow(tokenized_uri, s3, columns=["num_tokens"], snap=snap)
-    return int(pc.max(counts.column("num_tokens")).as_py() or 0)
 
 
 def published_run(packed_root: str, run_id: str, s3: fs.S3Options | None) -> dict | None:
@@ -255,18 +265,20 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         return report.write_report(output, s3)
 
     rows_in, tokens_in, over = check_oversize(tokenized_uri, snap, settings, s3)
-    if rows_in and len(over) == rows_in:  # an empty packing is a failed run, not a success
-        raise PackError(
-            f"every one of the {rows_in} tokenized rows is over the pack budget ({settings.budget} "
-            f"tokens), so nothing would be published. Raise pack.budget (the longest row has "
-            f"{max_tokens(tokenized_uri, snap, s3)} tokens) or tokenize with a smaller tokenize.max_tokens."
-        )
     groups = max(1, -(-tokens_in // settings.group_tokens))
     shard_dir = f"shards/{tables.run_tag(run_id)}"
     results: list[dict] = []
     if rows_in:
         df = tables.read_table(spark, tokenized_uri, s3, snap=snap).select(*shards.TOKENIZED_COLUMNS)
-        task = partial(pack_groups, settings=settings, packed_root=packed_root, shard_dir=shard_dir, s3=s3)
+        profile = config["profiles"][config["tokenize"]["profile"]]
+        task = partial(
+            pack_groups,
+            settings=settings,
+            packed_root=packed_root,
+            shard_dir=shard_dir,
+            s3=s3,
+            profile=profile,
+        )
         grouped = df.repartition(groups, "sample_id")
         results = [
             r.asDict(recursive=True)
@@ -277,7 +289,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     skipped = [s for r in results for s in r["skipped"]]
     reconcile(rows_in, len(over), results)
     manifest = build_manifest(config, settings, run_id, tokenized_uri, snap.version, results)
-    manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, config, s3)
+    manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, results, s3)
     fs.write_bytes(
         schemas.report_uri(output, SKIPPED_NAME), _json(sorted(skipped, key=lambda s: s["sample_id"])), s3
     )
@@ -347,11 +359,12 @@ def build_manifest(
 
 
 def write_cost_index(
-    packed_root: str, shard_dir: str, manifest: Mapping[str, Any], config: Mapping[str, Any], s3
+    packed_root: str, shard_dir: str, manifest: Mapping[str, Any], results: list[dict], s3
 ) -> dict[str, Any]:
-    """Write the run's per-bin cost index beside its shards; the manifest entry naming it."""
-    profile = config["profiles"][manifest["profile"]]
-    data = costs.index_bytes(costs.cost_index(packed_root, manifest["shards"], profile, s3))
+    """Write the run's per-bin cost index (rows the groups' tasks computed) beside its shards;
+    the manifest entry naming it."""
+    parts = [costs.from_ipc(r["costs"]) for r in results if r["costs"] is not None]
+    data = costs.index_bytes(costs.assemble(parts, manifest["shards"]))
     path = f"{shard_dir}/{schemas.COST_INDEX_NAME}"
     fs.write_bytes(fs.join(packed_root, path), data, s3)
     return {"path": path, "rows": manifest["totals"]["bins"], "bytes": len(data),

@@ -205,10 +205,6 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     tasks_done = time.time()
     commits = {}
     for name, uri in out_uris.items():
-        done = tables.committed_run(uri, run_id, mode, s3)
-        if done is not None:  # killed between its two commits before: this one stands, keep it
-            commits[name] = done
-            continue
         written = [r for r in results if r["table"] == name and r["rows"] > 0]
         rows = sum(r["rows"] for r in written)
         schema = schemas.TABLES[name]

@@ -56,13 +56,15 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     problems = manifest_problems(manifest)
     packed_root = schemas.packed_uri(output)
 
-    entries = pa.array([json.dumps(s) for s in manifest["shards"]], pa.string())
+    index, index_problems = read_cost_index(packed_root, manifest, s3)
+    problems += index_problems
+    entries = pa.array([json.dumps(e) for e in shard_entries(manifest, index)], pa.string())
     listing = one_task_per_row(spark, pa.table({"entry": entries}))
-    task = partial(check_shards, packed_root=packed_root, budget=manifest["budget"], s3=s3)
+    profile = manifest["config"]["profiles"][manifest["profile"]]
+    task = partial(check_shards, packed_root=packed_root, budget=manifest["budget"], s3=s3, profile=profile)
     checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
     try:
         problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
-        problems += cost_index_problems(packed_root, manifest, s3)
         packed_ids = checked.where("sample_id IS NOT NULL").select("sample_id")
         skipped, skipped_problems = read_skipped(output, manifest, s3)
         problems += skipped_problems
@@ -116,40 +118,52 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def cost_index_problems(packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None) -> list[str]:
-    """The cost index the manifest names: its size and sha256, its schema, and every row
-    equal to what the published shards give (a packing made before the index: nothing)."""
+def read_cost_index(
+    packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None
+) -> tuple[pa.Table | None, list[str]]:
+    """The cost index the manifest names, after its file checks (size, sha256, schema, one
+    row per bin); its figures are checked against each shard by that shard's task. A
+    packing made before the index has none: nothing to check."""
     entry = manifest.get("cost_index")
     if entry is None:
-        return []
+        return None, []
     name = f"cost_index {entry['path']}"
     try:
         data = fs.read_bytes(fs.join(packed_root, entry["path"]), s3)
     except OSError as err:
-        return [f"{name}: cannot be read: {err}"]
+        return None, [f"{name}: cannot be read: {err}"]
     if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        return [f"{name}: {len(data)} bytes, not the size and sha256 the manifest gives"]
+        return None, [f"{name}: {len(data)} bytes, not the size and sha256 the manifest gives"]
     index = pq.read_table(pa.BufferReader(data))
     if not index.schema.equals(schemas.COST_INDEX) or index.num_rows != manifest["totals"]["bins"]:
-        return [f"{name}: not the cost index schema, or not one row per bin ({index.num_rows} rows)"]
-    profile = manifest["config"]["profiles"][manifest["profile"]]
-    try:
-        expected = costs.cost_index(packed_root, manifest["shards"], profile, s3)
-    except (OSError, pa.ArrowException) as err:
-        return [f"{name}: the shards cannot be read to check it: {err}"]
-    wrong = np.zeros(index.num_rows, bool)
-    for column in schemas.COST_INDEX_COLUMNS:
-        wrong |= index[column].to_numpy() != expected[column].to_numpy()
-    return [_describe(f"{name}: figures differ from the shards", wrong)] if wrong.any() else []
+        return None, [f"{name}: not the cost index schema, or not one row per bin ({index.num_rows} rows)"]
+    return index, []
+
+
+def shard_entries(manifest: Mapping[str, Any], index: pa.Table | None) -> list[dict]:
+    """What each shard's task checks: its manifest entry, its number, and its cost index rows."""
+    shard_of_row = index["shard"].to_numpy() if index is not None else None
+    entries = []
+    for number, shard in enumerate(manifest["shards"]):
+        entry = {**shard, "number": number}
+        if index is not None:
+            rows = index.filter(pa.array(shard_of_row == number))
+            entry["costs"] = {column: rows[column].to_pylist() for column in schemas.COST_INDEX_COLUMNS}
+        entries.append(entry)
+    return entries
 
 
 def check_shards(
-    batches: Iterator[pa.RecordBatch], packed_root: str, budget: int, s3: fs.S3Options | None
+    batches: Iterator[pa.RecordBatch],
+    packed_root: str,
+    budget: int,
+    s3: fs.S3Options | None,
+    profile: Mapping[str, Any],
 ) -> Iterator[pa.RecordBatch]:
     """Spark task: check the shards of its manifest entries; emit problems and sample ids."""
     for batch in batches:
         for entry in map(json.loads, batch.column("entry").to_pylist()):
-            problems, sample_ids = check_shard(packed_root, entry, budget, s3)
+            problems, sample_ids = check_shard(packed_root, entry, budget, s3, profile)
             n = len(problems) + len(sample_ids)
             yield pa.RecordBatch.from_arrays(
                 [
@@ -162,9 +176,14 @@ def check_shards(
 
 
 def check_shard(
-    packed_root: str, entry: Mapping[str, Any], budget: int, s3: fs.S3Options | None
+    packed_root: str,
+    entry: Mapping[str, Any],
+    budget: int,
+    s3: fs.S3Options | None,
+    profile: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], pa.Array]:
-    """Problems with one shard (named by its manifest entry) and its sample ids."""
+    """Problems with one shard (named by its manifest entry, with its cost index rows when
+    there is an index) and its sample ids."""
     uri, name = fs.join(packed_root, entry["path"]), entry["path"]
     no_ids = pa.array([], pa.string())
     try:
@@ -197,7 +216,20 @@ def check_shard(
         for key, value in found.items()
         if value != entry[key]
     ]
+    if entry.get("costs") is not None and profile is not None:
+        problems += [f"{name}: {p}" for p in _cost_problems(bins, entry, profile)]
     return problems, pc.list_flatten(bins["sample_ids"]).combine_chunks()
+
+
+def _cost_problems(bins: pa.Table, entry: Mapping[str, Any], profile: Mapping[str, Any]) -> list[str]:
+    """The shard's rows of the cost index against the figures its bins give."""
+    listed, actual = entry["costs"], costs.bin_costs(bins, entry["number"], profile)
+    if len(listed["row"]) != actual.num_rows:
+        return [f"cost_index: {len(listed['row'])} rows for this shard, which has {actual.num_rows} bins"]
+    wrong = np.zeros(actual.num_rows, bool)
+    for column in schemas.COST_INDEX_COLUMNS:
+        wrong |= np.asarray(listed[column]) != actual[column].to_numpy()
+    return [_describe("cost_index: figures differ from the shards", wrong)] if wrong.any() else []
 
 
 def bin_problems(bins: pa.Table, budget: int) -> list[str]:
