@@ -1,18 +1,28 @@
 """Training-side package: reads packed shards into GPU-ready batches. Never imports pyspark.
 
 from loader import PackedDataset, collate_packed, varlen_attention
+
+Names are imported on first use, so that ``loader.plan`` and ``loader.balance`` (numpy
+only, used by ``mmpack balance-report``) load without torch.
 """
 
-from loader.attention import block_diagonal_mask, varlen_attention
-from loader.collate import PackedBatch, collate_packed
-from loader.dataset import PackedDataset
-from loader.source import ShardError
+from __future__ import annotations
 
-__all__ = [
-    "PackedBatch",
-    "PackedDataset",
-    "ShardError",
-    "block_diagonal_mask",
-    "collate_packed",
-    "varlen_attention",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PackedBatch": "loader.collate",
+    "PackedDataset": "loader.dataset",
+    "ShardError": "loader.source",
+    "block_diagonal_mask": "loader.attention",
+    "collate_packed": "loader.collate",
+    "varlen_attention": "loader.attention",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'loader' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -15,15 +15,16 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from dataclasses import astuple
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader import plan, vision
+from loader import balance, plan, vision
 from loader.source import ShardSource, load_manifest
-from mmpack_udfs import fs
+from mmpack_udfs import costs, fs
 
 IGNORE = -100
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
@@ -40,7 +41,13 @@ def distributed_rank() -> tuple[int, int]:
 class PackedDataset(IterableDataset):
     """Bins of ``manifest_uri`` (a manifest.json, its folder, or s3://...), each trained exactly
     once per epoch across ranks × workers, in a deterministic (seed, epoch) order; every
-    rank yields the same number of items (see ``loader.plan``)."""
+    rank yields the same number of items (see ``loader.plan``).
+
+    ``balance`` (default: on when the manifest has a cost index) gives every position the
+    ranks' near-equal bins in both phases (``loader.balance``), priced by ``cost_model``
+    (default: the manifest's ``balance.cost_model`` of its profile); ``shuffle_buffer`` then
+    does not apply (the plan orders each rank). ``balance=False``: today's order.
+    """
 
     def __init__(
         self,
@@ -55,6 +62,8 @@ class PackedDataset(IterableDataset):
         s3: fs.S3Options | Mapping[str, Any] | None = None,
         verify: bool = True,
         with_media: bool = True,
+        balance: bool | None = None,
+        cost_model: costs.CostModel | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.s3 = s3 if isinstance(s3, fs.S3Options) or s3 is None else fs.S3Options.from_config(s3)
@@ -70,6 +79,19 @@ class PackedDataset(IterableDataset):
         self.epoch, self._consumed, self._resume = 0, 0, None
         self._source: ShardSource | None = None
         plan.Slot(self.rank, self.world_size)  # validates rank < world size
+        self.balance = "cost_index" in self.manifest if balance is None else balance
+        self.cost_model = self._cost_model(cost_model) if self.balance else None
+        self._order_keys: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _cost_model(self, given: costs.CostModel | Mapping[str, Any] | None) -> costs.CostModel:
+        if "cost_index" not in self.manifest:
+            raise ValueError("balance=True needs a cost index, which this manifest lacks: re-run pack")
+        if given is not None:
+            return given if isinstance(given, costs.CostModel) else costs.CostModel.from_mapping(given)
+        try:
+            return costs.CostModel.for_profile(self.manifest["config"], self.manifest["profile"])
+        except ValueError as err:
+            raise ValueError(f"{err}; pass cost_model=") from err
 
     # -- epochs and resumption ------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -101,7 +123,16 @@ class PackedDataset(IterableDataset):
     def _plan_key(self) -> list:
         """What the order depends on besides seed and epoch: a resume must match it."""
         slot = self._slot()
-        return [slot.rank, slot.world_size, slot.worker, slot.num_workers, self.drop_remainder, self.shuffle]
+        return [
+            slot.rank,
+            slot.world_size,
+            slot.worker,
+            slot.num_workers,
+            self.drop_remainder,
+            self.shuffle,
+            self.balance,
+            *(astuple(self.cost_model) if self.cost_model else ()),
+        ]
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -111,15 +142,13 @@ class PackedDataset(IterableDataset):
             if self._resume.get("plan") != self._plan_key():
                 raise ValueError(
                     f"state was saved by reader {self._resume.get('plan')} (rank, world size, worker, "
-                    f"workers, drop_remainder, shuffle), this one is {self._plan_key()}; "
+                    f"workers, drop_remainder, shuffle, balance), this one is {self._plan_key()}; "
                     "resume with the same ranks, workers and options"
                 )
             skip, self._resume = self._resume["consumed"], None
         if self._source is None:
             self._source = ShardSource(self.manifest, self.s3, self.verify)
-        args = (self.seed, self.epoch)
-        mine = plan.worker_items(self.units, slot, *args, self.shuffle, self.drop_remainder)
-        order = plan.shuffled(mine, slot, *args, self.shuffle_buffer, self.shuffle)
+        order = self._items(slot, self._source)
         remaining = Counter(item.unit for item in order[skip:])
         loaded: dict[int, _RowGroup] = {}
         self._consumed = skip
@@ -135,6 +164,25 @@ class PackedDataset(IterableDataset):
             self._consumed += 1
             yield _as_filler(out) if item.filler else out
         self._consumed = 0
+
+    def _items(self, slot: plan.Slot, source: ShardSource) -> list[plan.Item]:
+        """This reader's items of the epoch, in order."""
+        args = (self.seed, self.epoch)
+        if self.balance:
+            key, group = self._keys(source)
+            return balance.worker_items(
+                key, group, self.units, slot, *args, self.shuffle, self.drop_remainder
+            )
+        mine = plan.worker_items(self.units, slot, *args, self.shuffle, self.drop_remainder)
+        return plan.shuffled(mine, slot, *args, self.shuffle_buffer, self.shuffle)
+
+    def _keys(self, source: ShardSource) -> tuple[np.ndarray, np.ndarray]:
+        """Each bin's cost order key and packing group, from the cost index (read once)."""
+        if self._order_keys is None:
+            index = source.cost_index()
+            vision, llm = self.cost_model.phases(index)
+            self._order_keys = (costs.order_key(vision, llm), index["group"].to_numpy())
+        return self._order_keys
 
 
 def _as_filler(item: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -44,6 +45,31 @@ class ShardSource:
     def nested_columns(self, shard: int, column: str, fields: list[str]) -> list[str]:
         """Parquet paths of some fields of a list<struct> column (to read them without the rest)."""
         return schemas.nested_field_paths(self._open(shard).schema, column, fields)
+
+    def cost_index(self) -> pa.Table:
+        """The manifest's cost index (checked against its sha256 and the shards' row counts)."""
+        entry = self.manifest.get("cost_index")
+        if entry is None:
+            raise ShardError("this manifest has no cost index (packed before mmpack wrote one): re-run pack")
+        uri = fs.join(self.manifest["_root"], entry["path"])
+        try:
+            if self.verify:
+                sha256, size = fs.sha256_of(uri, self.s3)
+                if size != entry["bytes"] or sha256 != entry["sha256"]:
+                    raise ShardError(f"cost index {uri} does not match the manifest (sha256 {sha256})")
+            filesystem, path = fs.filesystem(uri, self.s3)
+            index = pq.read_table(filesystem.open_input_file(path))
+        except (FileNotFoundError, OSError) as err:
+            raise ShardError(f"cost index {uri} named by the manifest cannot be read: {err}") from err
+        rows = [s["rows"] for s in self.manifest["shards"]]
+        expected_shard = np.repeat(np.arange(len(rows)), rows)
+        if index.num_rows != len(expected_shard) or not np.array_equal(
+            index["shard"].to_numpy(), expected_shard
+        ):
+            raise ShardError(
+                f"cost index {uri} does not list the manifest's {len(expected_shard)} bins in order"
+            )
+        return index
 
     def read(self, shard: int, row_group: int, columns: list[str]) -> pa.Table:
         return self._open(shard).read_row_group(row_group, columns=columns)

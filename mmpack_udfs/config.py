@@ -19,7 +19,10 @@ import yaml
 
 CONF_DIR = Path(os.environ.get("MMPACK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
 FREE_FORM_KEYS = {"spark.conf"}  # maps whose keys contain dots (Spark settings)
-OPEN_MAPS = FREE_FORM_KEYS | {"profiles"}  # maps that accept new keys (a new model profile)
+OPEN_MAPS = FREE_FORM_KEYS | {
+    "profiles",
+    "balance.cost_model",
+}  # maps that accept new keys (a new model profile)
 SPARK_LOG_LEVELS = {"ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN"}
 DATASET_KEYS = {"name", "paths", "format", "dialect", "columns", "tags", "media_root"}
 
@@ -134,6 +137,7 @@ def validate(config: Mapping[str, Any]) -> None:
     _positive_int(norm["video_check_frames"], "normalize.video_check_frames")
     _validate_tokenize(config)
     _validate_pack(config["pack"])
+    _validate_balance(config)
     _validate_s3(config["s3"])
     _validate_spark(config["spark"])
     if not isinstance(config["datasets"], list):
@@ -209,6 +213,26 @@ def _validate_pack(section: Mapping[str, Any]) -> None:
         raise ConfigError(f"pack.embed_media must be true or false, got {section['embed_media']!r}")
     if not isinstance(section["seed"], int) or isinstance(section["seed"], bool) or section["seed"] < 0:
         raise ConfigError(f"pack.seed must be a non-negative integer, got {section['seed']!r}")
+
+
+def _validate_balance(config: Mapping[str, Any]) -> None:
+    """Every profile has a cost model of four numbers >= 0 (``--set`` text such as 1e10 counts)."""
+    from mmpack_udfs.costs import CostModel
+
+    models = config["balance"]["cost_model"]
+    if not isinstance(models, dict):
+        raise ConfigError("balance.cost_model must map profile names to cost models")
+    for name in config["profiles"]:
+        if name not in models:
+            raise ConfigError(f"balance.cost_model.{name}: profile '{name}' has no cost model")
+    for name, model in models.items():
+        if not isinstance(model, dict):
+            raise ConfigError(f"balance.cost_model.{name} must be a mapping")
+        try:
+            parsed = CostModel.from_mapping(model)
+        except ValueError as err:
+            raise ConfigError(f"balance.cost_model.{name}: {err}") from None
+        models[name] = {key: getattr(parsed, key) for key in model}
 
 
 def _validate_dataset(dataset: Any, i: int) -> None:

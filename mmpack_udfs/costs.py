@@ -1,14 +1,22 @@
-"""Per-bin cost figures: what a trainer needs to balance data-parallel ranks, from a shard's
-own columns (pyarrow and numpy only: the loader imports this too).
+"""Per-bin cost figures and the cost model: what a trainer needs to balance data-parallel
+ranks, from a shard's own columns (pyarrow and numpy only: the loader imports this too).
 
 The vision encoder attends within blocks: a Qwen2-VL image or video attends per temporal
 patch (``grid_t`` blocks of ``grid_h × grid_w`` patches), an InternVL tile is one block of
 ``4 × tokens_per_tile`` patches (2 × 2 patches merge into one token in both profiles).
+
+A bin costs ``llm_token·tokens + llm_pair·Σ l²`` in the LLM and ``vision_patch·patches +
+vision_pair·Σ patches²`` in the vision encoder (docs/BALANCE.md derives the defaults).
+Bins are laid out in row groups *stratified* by cost: sorted by ``order_key`` and dealt
+so that each row group holds one bin of every cost stratum of its packing group, and
+consecutive row groups are near-copies of each other. A balanced plan (loader.balance)
+then gives the ranks such near-copies, reading every row group once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -18,24 +26,127 @@ import pyarrow.parquet as pq
 
 from mmpack_udfs import schemas
 
-SHARD_COLUMNS = ["num_tokens", "sum_sq_lengths", "vision_patches", "supervised_tokens"]
+SHARD_COLUMNS = ["group", "num_tokens", "sum_sq_lengths", "vision_patches", "supervised_tokens"]
 MEDIA_FIELDS = ["grid_t", "grid_h", "grid_w", "num_tokens"]
+KEY_BITS = 16  # per axis of the order key's grid: log2(cost) in steps of 1/1024, up to 2^64
 
 
-def bin_costs(bins: pa.Table, shard: int, profile: Mapping[str, Any]) -> pa.Table:
-    """The cost index rows of one shard's bins (``bins`` holds at least SHARD_COLUMNS and
-    ``media`` with MEDIA_FIELDS)."""
-    media = bins["media"].combine_chunks()
+@dataclass(frozen=True)
+class CostModel:
+    """Cost of a bin per phase, in FLOPs (or any unit: only ratios matter)."""
+
+    llm_token: float  # per token: ≈ 6 × LLM parameters
+    llm_pair: float  # per (token, earlier token) pair of one sample: ≈ 6 × layers × hidden
+    vision_patch: float  # per vision-encoder patch: ≈ 6 × vision parameters
+    vision_pair: float  # per (patch, patch) pair of one attention block: ≈ 12 × layers × width
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> CostModel:
+        names = {f.name for f in fields(cls)}
+        if set(values) != names:
+            raise ValueError(f"a cost model has exactly the keys {sorted(names)}, got {sorted(values)}")
+        numbers = {}
+        for name in sorted(names):
+            try:
+                numbers[name] = float(values[name])
+            except (TypeError, ValueError):
+                raise ValueError(f"cost model {name} must be a number, got {values[name]!r}") from None
+            if not np.isfinite(numbers[name]) or numbers[name] < 0:
+                raise ValueError(f"cost model {name} must be a finite number >= 0, got {values[name]!r}")
+        return cls(**numbers)
+
+    @classmethod
+    def for_profile(cls, config: Mapping[str, Any], profile: str) -> CostModel:
+        """The configured model of a profile (``balance.cost_model.<profile>``)."""
+        models = config.get("balance", {}).get("cost_model", {})
+        if profile not in models:
+            known = ", ".join(sorted(models)) or "none"
+            raise ValueError(
+                f"no cost model for profile '{profile}' under balance.cost_model (known: {known})"
+            )
+        return cls.from_mapping(models[profile])
+
+    def phases(self, index: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(vision, llm) cost per bin of a cost index (a table or a mapping of columns)."""
+
+        def col(name: str) -> np.ndarray:
+            values = index[name]
+            return (values.to_numpy() if hasattr(values, "to_numpy") else np.asarray(values)).astype(
+                np.float64
+            )
+
+        vision = self.vision_patch * col("vision_patches") + self.vision_pair * col("vision_sq_patches")
+        llm = self.llm_token * col("tokens") + self.llm_pair * col("sum_sq_lengths")
+        return vision, llm
+
+
+def order_key(vision: np.ndarray, llm: np.ndarray) -> np.ndarray:
+    """A 1-D order in which neighbours are close in both phases: the position on a Hilbert
+    curve over (log2 vision cost, log2 llm cost). Fixed scale, so pack and loader agree."""
+    top = (1 << KEY_BITS) - 1
+
+    def axis(cost: np.ndarray) -> np.ndarray:
+        return np.minimum(np.log2(np.maximum(cost, 0.0) + 1.0) * 1024, top).astype(np.int64)
+
+    x, y = axis(vision), axis(llm)
+    key = np.zeros(len(x), np.int64)
+    s = 1 << (KEY_BITS - 1)
+    while s:
+        rx, ry = (x & s) > 0, (y & s) > 0
+        key += s * s * ((3 * rx) ^ ry)
+        flip = ~ry & rx  # rotate the quadrant so the curve stays continuous
+        x, y = np.where(flip, s - 1 - x, x), np.where(flip, s - 1 - y, y)
+        x, y = np.where(~ry, y, x), np.where(~ry, x, y)
+        s >>= 1
+    return key
+
+
+def stratified_order(key: np.ndarray, per_row_group: int, tie: np.ndarray | None = None) -> np.ndarray:
+    """The order to write one packing group's bins in: every full row group takes one bin of
+    each of ``per_row_group`` cost strata, row group ``i`` the ``i``-th of each, so that
+    consecutive row groups are near-copies; within a row group the strata come in
+    bit-reversed order (any prefix spans the range). The last row group (the remainder)
+    takes bins spread evenly over the strata. ``tie`` orders bins of equal key."""
+    n = len(key)
+    ranked = np.lexsort((np.arange(n) if tie is None else tie, key))  # bin indices, cheapest first
+    spare = n % per_row_group
+    spread = ((np.arange(spare) + 0.5) * n / spare).astype(np.int64) if spare else np.zeros(0, np.int64)
+    rest = np.setdiff1d(np.arange(n), spread)
+    units = rest.reshape(per_row_group, -1)  # units[j, i]: rank of stratum j's bin of row group i
+    slots = bit_reversed(per_row_group)
+    layout = np.concatenate([units[slots].T.reshape(-1), spread[bit_reversed(spare)]])
+    return ranked[layout]
+
+
+def bit_reversed(n: int) -> np.ndarray:
+    """0..n-1 in bit-reversed order (0, n/2, n/4, 3n/4, … for a power of two)."""
+    bits = max(int(n - 1).bit_length(), 1)
+    index = np.arange(1 << bits)
+    reversed_ = np.zeros_like(index)
+    for b in range(bits):
+        reversed_ |= ((index >> b) & 1) << (bits - 1 - b)
+    return reversed_[reversed_ < n]
+
+
+def media_squares(media: pa.Array, profile: Mapping[str, Any]) -> np.ndarray:
+    """Per row of a ``list<struct>`` media column (MEDIA_FIELDS): Σ over the vision encoder's
+    attention blocks of patches²."""
     items = pc.list_flatten(media)
     counts = pc.list_value_length(media).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    owner = np.repeat(np.arange(bins.num_rows), counts)
+    owner = np.repeat(np.arange(len(media)), counts)
     field = {name: items.field(name).to_numpy(zero_copy_only=False).astype(np.int64) for name in MEDIA_FIELDS}
     if profile["kind"] == "qwen2_vl":
         blocks, block_patches = field["grid_t"], field["grid_h"] * field["grid_w"]
     else:  # internvl: tiles of 4 × tokens_per_tile patches each
         per_tile = int(profile["image"]["tokens_per_tile"])
         blocks, block_patches = field["num_tokens"] // per_tile, np.full(len(owner), 4 * per_tile)
-    squares = np.bincount(owner, weights=blocks * block_patches**2, minlength=bins.num_rows)
+    return np.bincount(owner, weights=blocks * block_patches**2, minlength=len(media)).astype(np.int64)
+
+
+def bin_costs(bins: pa.Table, shard: int, profile: Mapping[str, Any]) -> pa.Table:
+    """The cost index rows of one shard's bins (``bins`` holds at least SHARD_COLUMNS and
+    ``media`` with MEDIA_FIELDS)."""
+    media = bins["media"].combine_chunks()
     column = {name: bins[name].to_numpy().astype(np.int64) for name in SHARD_COLUMNS}
     return pa.table(
         {
@@ -43,10 +154,14 @@ def bin_costs(bins: pa.Table, shard: int, profile: Mapping[str, Any]) -> pa.Tabl
             "row": np.arange(bins.num_rows, dtype=np.int64),
             "tokens": column["num_tokens"],
             "sum_sq_lengths": column["sum_sq_lengths"],
-            "media_items": counts,
+            "media_items": pc.list_value_length(media)
+            .fill_null(0)
+            .to_numpy(zero_copy_only=False)
+            .astype(np.int64),
             "vision_patches": column["vision_patches"],
-            "vision_sq_patches": squares.astype(np.int64),
+            "vision_sq_patches": media_squares(media, profile),
             "supervised_tokens": column["supervised_tokens"],
+            "group": column["group"],
         },
         schema=schemas.COST_INDEX,
     )

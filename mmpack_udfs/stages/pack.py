@@ -2,8 +2,9 @@
 
     driver: lengths (3 int columns) → oversize check, number of groups
     Spark:  rows ──repartition(groups, sample_id)──▶ one task per packing group:
-        sort its rows by sample_id → first-fit-decreasing → bins in a seeded order
-        → write its shards (packed/shards/<run tag>/g<group>-<shard>.parquet)
+        sort its rows by sample_id → first-fit-decreasing → bins in cost-stratified row
+        groups (costs.stratified_order) → write its shards
+        (packed/shards/<run tag>/g<group>-<shard>.parquet)
     driver: reconcile (rows in = packed + skipped), write manifest.json last, report
 
 A retried task rewrites identical files (names and content depend only on the rows of
@@ -76,6 +77,8 @@ class PackSettings:
     bins_per_row_group: int
     embed_media: bool
     seed: int
+    profile: Mapping[str, Any]  # the model profile the rows were tokenized with
+    cost_model: costs.CostModel  # orders the bins into cost-stratified row groups
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PackSettings:
@@ -90,6 +93,8 @@ class PackSettings:
             bins_per_row_group=p["bins_per_row_group"],
             embed_media=p["embed_media"],
             seed=p["seed"],
+            profile=config["profiles"][config["tokenize"]["profile"]],
+            cost_model=costs.CostModel.for_profile(config, config["tokenize"]["profile"]),
         )
 
     def second_sizes(self, rows: pa.Table) -> np.ndarray | None:
@@ -109,7 +114,13 @@ class PackSettings:
 
 
 def derive_run_id(config: Mapping[str, Any], tokenized_uri: str, version: int) -> str:
-    facts = {"tokenized": [tokenized_uri, version], "pack": config["pack"], "tokenize": config["tokenize"]}
+    profile = config["tokenize"]["profile"]
+    facts = {
+        "tokenized": [tokenized_uri, version],
+        "pack": config["pack"],
+        "tokenize": config["tokenize"],
+        "cost_model": config["balance"]["cost_model"][profile],  # orders the bins
+    }
     return runs.run_id_from("pack", facts)
 
 
@@ -119,7 +130,6 @@ def pack_groups(
     packed_root: str,
     shard_dir: str,
     s3: fs.S3Options | None,
-    profile: Mapping[str, Any] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: pack the rows of this partition (one group) and write its shards."""
     from pyspark import TaskContext
@@ -128,7 +138,7 @@ def pack_groups(
     received = list(batches)
     if received:  # an empty partition is a group that no sample_id hashed to
         rows = pa.Table.from_batches(received)
-        yield pack_group(rows, group, settings, packed_root, shard_dir, s3, profile)
+        yield pack_group(rows, group, settings, packed_root, shard_dir, s3)
 
 
 def pack_group(
@@ -138,10 +148,9 @@ def pack_group(
     packed_root: str,
     shard_dir: str,
     s3: fs.S3Options | None,
-    profile: Mapping[str, Any] | None = None,
 ) -> pa.RecordBatch:
-    """Pack one group's rows and write its shards; what was written (and, given the model
-    profile, the shards' cost index rows), as one result row."""
+    """Pack one group's rows and write its shards; what was written and the shards' cost
+    index rows, as one result row."""
     started = time.perf_counter()
     rows = rows.take(pc.sort_indices(rows, [("sample_id", "ascending")]))  # arrival order must not matter
     lengths = rows.column("num_tokens").to_numpy().astype(np.int64)
@@ -153,7 +162,7 @@ def pack_group(
         second_budget=settings.second_budget,
         oversize="skip",  # the driver has already failed the job if the policy is "error"
     )
-    bin_order = np.random.default_rng([settings.seed, group]).permutation(packing.num_bins)
+    bin_order = cost_stratified_order(rows, packing.bin_of, packing.num_bins, group, settings)
     lay = shards.layout(packing.bin_of, lengths, bin_order)
     read_media = _media_reader(s3) if settings.embed_media else None
     written, cost_rows = [], []
@@ -164,8 +173,7 @@ def pack_group(
         written.append(
             asdict(shards.write_shard(packed_root, name, [batch], settings.bins_per_row_group, s3))
         )
-        if profile is not None:
-            cost_rows.append(costs.shard_rows(pa.Table.from_batches([batch]), name, profile))
+        cost_rows.append(costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile))
     skipped_ids = rows.column("sample_id").take(pa.array(packing.skipped)).to_pylist()
     skipped = [
         {
@@ -187,6 +195,32 @@ def pack_group(
         "seconds": time.perf_counter() - started,
     }
     return pa.RecordBatch.from_pylist([result], schema=GROUP_RESULT)
+
+
+def cost_stratified_order(
+    rows: pa.Table, bin_of: np.ndarray, num_bins: int, group: int, settings: PackSettings
+) -> np.ndarray:
+    """The order to write the bins in (``bin_order[k]`` = the packer's bin written k-th):
+    row groups stratified by cost (costs.stratified_order); bins of equal cost in a seeded
+    order."""
+    packed = bin_of >= 0
+
+    def per_bin(values: np.ndarray) -> np.ndarray:
+        return np.bincount(bin_of[packed], weights=values[packed].astype(np.float64), minlength=num_bins)
+
+    tokens = rows.column("num_tokens").to_numpy().astype(np.int64)
+    vision_tokens = rows.column("image_tokens").to_numpy() + rows.column("video_tokens").to_numpy()
+    figures = {
+        "tokens": per_bin(tokens),
+        "sum_sq_lengths": per_bin(tokens * tokens),
+        "vision_patches": per_bin(vision_tokens.astype(np.int64) * shards.VISION_PATCHES_PER_TOKEN),
+        "vision_sq_patches": per_bin(
+            costs.media_squares(rows.column("media").combine_chunks(), settings.profile)
+        ),
+    }
+    vision, llm = settings.cost_model.phases(figures)
+    tie = np.random.default_rng([settings.seed, group]).permutation(num_bins)
+    return costs.stratified_order(costs.order_key(vision, llm), settings.bins_per_row_group, tie)
 
 
 def _media_reader(s3: fs.S3Options | None):
@@ -270,15 +304,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     results: list[dict] = []
     if rows_in:
         df = tables.read_table(spark, tokenized_uri, s3, snap=snap).select(*shards.TOKENIZED_COLUMNS)
-        profile = config["profiles"][config["tokenize"]["profile"]]
-        task = partial(
-            pack_groups,
-            settings=settings,
-            packed_root=packed_root,
-            shard_dir=shard_dir,
-            s3=s3,
-            profile=profile,
-        )
+        task = partial(pack_groups, settings=settings, packed_root=packed_root, shard_dir=shard_dir, s3=s3)
         grouped = df.repartition(groups, "sample_id")
         results = [
             r.asDict(recursive=True)

@@ -1,0 +1,212 @@
+"""Straggler overhead of today's order vs the balanced plan, and planning time.
+
+Cases: (a) the demo's cost index (``mmpack demo`` output, if present), (b) a synthetic
+InternVL-style mix (text + 1–6 tiles of 256 tokens, samples of 100–2,500 tokens, budget
+8,192), with and without a second budget of 24 tiles per bin, (c) a long-context mix
+(budget 32,768, half the tokens in Qwen2-VL videos of 2 k–30 k tokens). Synthetic bins are
+packed and laid out as the pack job does (first-fit-decreasing per group of 50 M tokens,
+cost-stratified row groups of 32 bins, shards of 2,048). World sizes 8, 64, 256; 1 and 4
+micro-batches per step; one reader per rank.
+
+    .venv/bin/python bench/bench_balance.py [--demo-out demo-out] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import machine
+from loader import balance
+from mmpack_udfs import config as mmconfig
+from mmpack_udfs import costs
+from mmpack_udfs.packing import first_fit_decreasing
+
+TILE = 256  # InternVL tokens per tile
+PATCHES_PER_TOKEN = 4
+VIDEO_FRAME_PATCHES = 26 * 46  # a 364 x 644 frame: 1,196 patches of 14 px per temporal patch
+
+
+def internvl_mix(samples: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tiles = np.where(rng.random(samples) < 0.3, 0, rng.integers(1, 7, samples))
+    length = np.exp(rng.uniform(np.log(100), np.log(2500), samples)).astype(np.int64)
+    length = np.maximum(length, tiles * TILE + 20)
+    patches = tiles * TILE * PATCHES_PER_TOKEN
+    return {"tokens": length, "patches": patches, "sq_patches": tiles * (TILE * PATCHES_PER_TOKEN) ** 2}
+
+
+def long_context_mix(samples: int, seed: int) -> dict[str, np.ndarray]:
+    """Half the tokens in videos (2 k–30 k tokens), half in text samples (100–6 k tokens)."""
+    rng = np.random.default_rng(seed)
+    video = rng.random(samples) < 0.25
+    wanted = np.exp(rng.uniform(np.log(2000), np.log(30000), samples))
+    grid_t = np.maximum((wanted * PATCHES_PER_TOKEN / VIDEO_FRAME_PATCHES).astype(np.int64), 1)
+    video_tokens = grid_t * VIDEO_FRAME_PATCHES // PATCHES_PER_TOKEN
+    text = np.exp(rng.uniform(np.log(100), np.log(6000), samples)).astype(np.int64)
+    tokens = np.where(video, video_tokens + rng.integers(50, 500, samples), text)
+    patches = np.where(video, grid_t * VIDEO_FRAME_PATCHES, 0)
+    return {
+        "tokens": tokens,
+        "patches": patches,
+        "sq_patches": np.where(video, grid_t * VIDEO_FRAME_PATCHES**2, 0),
+    }
+
+
+def pack_like_mmpack(
+    samples: dict[str, np.ndarray],
+    budget: int,
+    model: costs.CostModel,
+    second_budget: int | None = None,
+    group_tokens: int = 50_000_000,
+    per_shard: int = 2048,
+    per_row_group: int = 32,
+    seed: int = 0,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(cost index columns, bins per row group), in manifest order."""
+    rng = np.random.default_rng(seed)
+    groups = max(1, -(-int(samples["tokens"].sum()) // group_tokens))
+    group_of = rng.integers(0, groups, len(samples["tokens"]))
+    parts, unit_sizes = [], []
+    for g in range(groups):
+        mine = np.flatnonzero(group_of == g)
+        second = samples["patches"][mine] if second_budget else None
+        packing = first_fit_decreasing(
+            samples["tokens"][mine], budget, second=second, second_budget=second_budget, oversize="skip"
+        )
+        packed = packing.bin_of >= 0
+        where, members = packing.bin_of[packed], mine[packed]
+
+        def per_bin(values: np.ndarray, where=where, members=members, n=packing.num_bins) -> np.ndarray:
+            return np.bincount(where, weights=values[members].astype(np.float64), minlength=n).astype(
+                np.int64
+            )
+
+        figures = {
+            "tokens": per_bin(samples["tokens"]),
+            "sum_sq_lengths": per_bin(samples["tokens"] ** 2),
+            "vision_patches": per_bin(samples["patches"]),
+            "vision_sq_patches": per_bin(samples["sq_patches"]),
+        }
+        vision, llm = model.phases(figures)
+        tie = np.random.default_rng([seed, g]).permutation(packing.num_bins)
+        order = costs.stratified_order(costs.order_key(vision, llm), per_row_group, tie)
+        parts.append({**{k: v[order] for k, v in figures.items()}, "group": np.full(len(order), g)})
+        for first in range(0, len(order), per_shard):
+            rows = min(per_shard, len(order) - first)
+            unit_sizes += [min(per_row_group, rows - i) for i in range(0, rows, per_row_group)]
+    index = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return index, np.array(unit_sizes, np.int64)
+
+
+def demo_index(out: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str] | None:
+    manifest_path = out / "packed" / "manifest.json"
+    if not manifest_path.exists():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    table = pq.read_table(out / "packed" / manifest["cost_index"]["path"])
+    per = manifest["bins_per_row_group"]
+    sizes = [min(per, s["rows"] - i) for s in manifest["shards"] for i in range(0, s["rows"], per)]
+    index = {name: table[name].to_numpy() for name in table.column_names}
+    return index, np.array(sizes, np.int64), manifest["profile"]
+
+
+def measure(index: dict, sizes: np.ndarray, model: costs.CostModel, world: int, k: int) -> dict:
+    vision, llm = model.phases(index)
+    key = costs.order_key(vision, llm)
+    plans = {
+        "random": balance.random_plan(sizes, world, seed=0, epoch=0),
+        "balanced": balance.balanced_plan(key, index["group"], sizes, world, seed=0, epoch=0),
+    }
+    return {
+        name: {
+            "overhead_vision": balance.straggler_overhead(vision, p, k),
+            "overhead_llm": balance.straggler_overhead(llm, p, k),
+            "overhead_step": balance.straggler_overhead(vision + llm, p, k),
+            "read_amplification": balance.read_amplification(p, sizes),
+            "steps": -(-p.positions // k),
+        }
+        for name, p in plans.items()
+    }
+
+
+def planning_seconds(
+    index: dict, sizes: np.ndarray, model: costs.CostModel, bins: int, world: int
+) -> tuple[int, float]:
+    """Time to plan one epoch of ``bins`` bins (the index repeated, as more groups)."""
+    copies = -(-bins // len(sizes) // int(sizes.mean()))
+    big = {
+        k: np.concatenate([v + (i * (v.max() + 1) if k == "group" else 0) for i in range(copies)])
+        for k, v in index.items()
+    }
+    big_sizes = np.tile(sizes, copies)
+    vision, llm = model.phases(big)
+    started = time.perf_counter()
+    key = costs.order_key(vision, llm)
+    balance.balanced_plan(key, big["group"], big_sizes, world, seed=0, epoch=1)
+    return int(big_sizes.sum()), time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demo-out", type=Path, default=Path("demo-out"))
+    parser.add_argument("--samples", type=int, default=400_000, help="synthetic samples for (b)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    defaults = mmconfig.load_config()
+    model = {name: costs.CostModel.for_profile(defaults, name) for name in ("qwen2_vl", "internvl")}
+    cases = {}
+    demo = demo_index(args.demo_out)
+    if demo is not None:
+        cases["a demo"] = (demo[0], demo[1], model[demo[2]])
+    mix = internvl_mix(args.samples, seed=1)
+    cases["b internvl, 24-tile budget"] = (
+        *pack_like_mmpack(mix, 8192, model["internvl"], 24 * TILE * 4),
+        model["internvl"],
+    )
+    cases["b internvl"] = (*pack_like_mmpack(mix, 8192, model["internvl"]), model["internvl"])
+    cases["c long-context"] = (
+        *pack_like_mmpack(long_context_mix(args.samples // 2, seed=2), 32768, model["qwen2_vl"]),
+        model["qwen2_vl"],
+    )
+    results = []
+    for name, (index, sizes, cost_model) in cases.items():
+        for world in (8, 64, 256):
+            for k in (1, 4):
+                row = {"case": name, "bins": int(sizes.sum()), "world_size": world, "micro_batches": k}
+                row.update(measure(index, sizes, cost_model, world, k))
+                results.append(row)
+                if not args.json:
+                    r, b = row["random"], row["balanced"]
+                    print(
+                        f"{name:28s} bins {row['bins']:7d} R {world:3d} k {k} | "
+                        + " | ".join(
+                            f"{label} vision {p['overhead_vision']:.2%} llm {p['overhead_llm']:.2%} "
+                            f"step {p['overhead_step']:.2%} read {p['read_amplification']:.3f}"
+                            for label, p in (("random", r), ("balanced", b))
+                        ),
+                        flush=True,
+                    )
+    index, sizes, cost_model = cases["b internvl, 24-tile budget"]
+    bins, seconds = planning_seconds(index, sizes, cost_model, 1_000_000, 64)
+    summary = {
+        "machine": machine(),
+        "results": results,
+        "planning": {"bins": bins, "world_size": 64, "seconds": seconds},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"planning one epoch of {bins:,} bins for 64 ranks: {seconds:.2f} s ({machine()})")
+
+
+if __name__ == "__main__":
+    main()
