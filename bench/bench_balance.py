@@ -121,21 +121,7 @@ def demo_index(out: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str] | Non
 
 def measure(index: dict, sizes: np.ndarray, model: costs.CostModel, world: int, k: int) -> dict:
     vision, llm = model.phases(index)
-    key = costs.order_key(vision, llm)
-    plans = {
-        "random": balance.random_plan(sizes, world, seed=0, epoch=0),
-        "balanced": balance.balanced_plan(key, index["group"], sizes, world, seed=0, epoch=0),
-    }
-    return {
-        name: {
-            "overhead_vision": balance.straggler_overhead(vision, p, k),
-            "overhead_llm": balance.straggler_overhead(llm, p, k),
-            "overhead_step": balance.straggler_overhead(vision + llm, p, k),
-            "read_amplification": balance.read_amplification(p, sizes),
-            "steps": -(-p.positions // k),
-        }
-        for name, p in plans.items()
-    }
+    return balance.compare(vision, llm, index["group"], sizes, world, k)
 
 
 def planning_seconds(

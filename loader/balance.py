@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader import plan
+from mmpack_udfs import costs
 
 ROUND_JITTER = 0.5  # in rounds: how far a row group may move between rounds, epoch to epoch
 
@@ -216,3 +217,31 @@ def read_amplification(chosen: BalancedPlan, unit_sizes: np.ndarray) -> float:
     for r in range(chosen.bins.shape[1]):
         read += int(unit_sizes[np.unique(unit_of_bin[chosen.bins[:, r]])].sum())
     return read / used if used else 1.0
+
+
+def compare(
+    vision: np.ndarray,
+    llm: np.ndarray,
+    group: np.ndarray,
+    unit_sizes: np.ndarray,
+    world_size: int,
+    micro_batches: int,
+    seed: int = 0,
+    epoch: int = 0,
+) -> dict[str, dict[str, float | int]]:
+    """Straggler overheads per phase and for one sync per step (vision + llm), read
+    amplification and steps, of today's order ("random") and the balanced plan."""
+    plans = {
+        "random": random_plan(unit_sizes, world_size, seed, epoch),
+        "balanced": balanced_plan(costs.order_key(vision, llm), group, unit_sizes, world_size, seed, epoch),
+    }
+    return {
+        name: {
+            "overhead_step": straggler_overhead(vision + llm, chosen, micro_batches),
+            "overhead_vision": straggler_overhead(vision, chosen, micro_batches),
+            "overhead_llm": straggler_overhead(llm, chosen, micro_batches),
+            "read_amplification": read_amplification(chosen, unit_sizes),
+            "steps": -(-chosen.positions // micro_batches),
+        }
+        for name, chosen in plans.items()
+    }

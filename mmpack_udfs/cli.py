@@ -91,6 +91,29 @@ def run_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_balance_report(args: argparse.Namespace) -> int:
+    from mmpack_udfs import balance_report, costs
+    from mmpack_udfs.report import ReportError
+
+    config = load_config(args.config, args.overrides)
+    s3 = fs.S3Options.from_config(config.get("s3"))
+    if (args.out is None) == (args.index is None):
+        raise ReportError("give exactly one of --out OUT and --index FILE.parquet")
+    if args.out is not None:
+        index, per_row_group, profile = balance_report.from_output(fs.normalize_uri(args.out), s3)
+    else:
+        index = balance_report.from_file(fs.normalize_uri(args.index), s3)
+        per_row_group, profile = args.bins_per_row_group, config["tokenize"]["profile"]
+    profile = args.profile or profile
+    try:
+        model = costs.CostModel.for_profile(config, profile)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    report = balance_report.build(index, per_row_group, model, args.world_size, args.micro_batches, args.seed)
+    print(balance_report.as_json(report) if args.json else balance_report.format_text(report, profile))
+    return EXIT_OK
+
+
 def run_gc(args: argparse.Namespace) -> int:
     from mmpack_udfs.stages import gc
 
@@ -146,6 +169,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="YAML config (its s3 section is used)")
     add_verbose_option(p)
     p.set_defaults(func=run_report)
+
+    p = commands.add_parser(
+        "balance-report",
+        help="straggler overhead of data-parallel steps: today's order vs the balanced plan",
+        description="How much each step waits for its slowest rank (per phase and per step) and how "
+        "many bins each rank reads per bin it trains, in today's order and in the balanced plan, "
+        "from a cost index.",
+    )
+    p.add_argument("--out", metavar="DIR|s3://...", help="output root of a pack run (its cost index)")
+    p.add_argument("--index", metavar="FILE.parquet", help="any Parquet file with the cost index columns")
+    p.add_argument("--world-size", type=int, default=8, help="data-parallel ranks (default 8)")
+    p.add_argument("--micro-batches", type=int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--profile", help="cost model profile (default: the pack's, or tokenize.profile)")
+    p.add_argument("--bins-per-row-group", type=int, default=32, help="with --index: bins per row group")
+    p.add_argument("--seed", type=int, default=0, help="plan seed (default 0); the report is of epoch 0")
+    p.add_argument("--json", action="store_true", help="write one JSON object to stdout")
+    p.add_argument("--config", metavar="FILE", help="YAML config (balance.cost_model, s3)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set balance.cost_model.qwen2_vl.llm_pair=1e6",
+    )
+    add_verbose_option(p)
+    p.set_defaults(func=run_balance_report)
 
     p = commands.add_parser(
         "gc", help="delete shard files of failed or superseded packs (never published ones)"

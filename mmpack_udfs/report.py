@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 from mmpack_udfs import fs, schemas
 
 REPORT_NAME = "pack.json"
-FILL_PLOT, LENGTHS_PLOT = "bin_fill.png", "lengths.png"
+FILL_PLOT, LENGTHS_PLOT, COST_PLOT = "bin_fill.png", "lengths.png", "bin_cost.png"
+COST_PLOT_RANKS = 8
 
 
 class ReportError(RuntimeError):
@@ -129,6 +130,56 @@ def plot(figures: pa.Table, budget: int) -> dict[str, bytes]:
     return plots
 
 
+def read_cost_index(output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None = None) -> pa.Table:
+    filesystem, path = fs.filesystem(fs.join(schemas.packed_uri(output), manifest["cost_index"]["path"]), s3)
+    return pq.read_table(path, filesystem=filesystem)
+
+
+def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
+    """Per-bin cost per phase, sorted; and per step of an 8-rank epoch, the slowest rank's
+    cost over the mean rank's, in today's order and in the balanced plan."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from loader import balance
+    from mmpack_udfs import costs
+
+    model = costs.CostModel.for_profile(manifest["config"], manifest["profile"])
+    vision, llm = model.phases(index)
+    per = manifest["bins_per_row_group"]
+    sizes = np.array([min(per, s["rows"] - i) for s in manifest["shards"] for i in range(0, s["rows"], per)])
+    plans = {
+        "today's order": balance.random_plan(sizes, COST_PLOT_RANKS, 0, 0),
+        "balanced": balance.balanced_plan(
+            costs.order_key(vision, llm), index["group"].to_numpy(), sizes, COST_PLOT_RANKS, 0, 0
+        ),
+    }
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    for values, label in ((vision, "vision"), (llm, "LLM")):
+        if values.any():
+            left.plot(np.sort(values)[::-1] / values.mean(), label=label)
+    left.set(xlabel="bins, most expensive first", ylabel="cost / mean bin cost", title="Per-bin cost")
+    left.legend()
+    step = vision + llm
+    for label, chosen in plans.items():
+        costs_per_rank = step[chosen.bins]
+        slowest = costs_per_rank.max(axis=1) / costs_per_rank.mean(axis=1)
+        right.plot(slowest, label=f"{label}: +{balance.straggler_overhead(step, chosen, 1):.1%} overall")
+    right.set(
+        xlabel="step (1 bin per rank)",
+        ylabel="slowest rank / mean rank",
+        title=f"Per-rank cost, {COST_PLOT_RANKS} ranks",
+    )
+    right.legend()
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(figure)
+    return buffer.getvalue()
+
+
 def write_report(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
     """Compute, write (JSON + PNGs under OUT/report) and print the packing report."""
     manifest = read_manifest(output, s3)
@@ -144,7 +195,10 @@ def write_report(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
     }
     fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
     if figures.num_rows:
-        for name, png in plot(figures, manifest["budget"]).items():
+        plots = plot(figures, manifest["budget"])
+        if "cost_index" in manifest:
+            plots[COST_PLOT] = plot_costs(read_cost_index(output, manifest, s3), manifest)
+        for name, png in plots.items():
             fs.write_bytes(schemas.report_uri(output, name), png, s3)
     print(format_report(summary))
     return summary

@@ -89,7 +89,7 @@ def test_report_json_and_plots(packed):
     assert saved["fill"] == summary["fill"] and 0 < saved["fill"] <= 1
     assert saved["token_share"]["image"] > 0 and saved["attention_cost"]["max_over_mean"] >= 1
     assert saved["samples_per_bin"]["max"] >= saved["samples_per_bin"]["mean"]
-    for name in (report.FILL_PLOT, report.LENGTHS_PLOT):
+    for name in (report.FILL_PLOT, report.LENGTHS_PLOT, report.COST_PLOT):
         assert (out / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -225,6 +225,7 @@ def test_the_cost_index_has_one_row_per_bin_with_the_shards_figures(packed):
                 "vision_patches": sum(t * p for t, p in frames),
                 "vision_sq_patches": sum(t * p * p for t, p in frames),
                 "supervised_tokens": sum(label != -100 for label in b["labels"]),
+                "group": b["group"],
             }  # fmt: skip
     assert position == len(rows)
 

@@ -23,11 +23,15 @@ def bin_key(item) -> tuple:
     return tuple(item["sample_ids"])
 
 
-def read_epoch(packed_demo, world: int, workers: int, epoch: int = 0) -> list[list[tuple]]:
+def read_epoch(
+    packed_demo, world: int, workers: int, epoch: int = 0, balance: bool = True
+) -> list[list[tuple]]:
     """Per rank, the bins it yields (a filler bin as ``("filler",)``)."""
     per_rank = []
     for rank in range(world):
-        dataset = PackedDataset(str(packed_demo / "packed"), rank=rank, world_size=world, with_media=False)
+        dataset = PackedDataset(
+            str(packed_demo / "packed"), rank=rank, world_size=world, with_media=False, balance=balance
+        )
         dataset.set_epoch(epoch)
         loader = DataLoader(dataset, batch_size=None, num_workers=workers)
         per_rank.append([("filler",) if item["filler"] else bin_key(item) for item in loader])
@@ -37,8 +41,9 @@ def read_epoch(packed_demo, world: int, workers: int, epoch: int = 0) -> list[li
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("workers", [0, 1, 3])
-def test_every_bin_once_per_epoch_and_equal_steps(packed_demo, world, workers):
-    per_rank = read_epoch(packed_demo, world, workers)
+@pytest.mark.parametrize("balance", [True, False])
+def test_every_bin_once_per_epoch_and_equal_steps(packed_demo, world, workers, balance):
+    per_rank = read_epoch(packed_demo, world, workers, balance=balance)
     manifest = json.loads((packed_demo / "packed" / "manifest.json").read_text())
     bins = manifest["totals"]["bins"]
     assert {len(rank) for rank in per_rank} == {-(-bins // world)}
@@ -83,18 +88,26 @@ def test_dataloader_steps_are_equal_on_every_rank(packed_demo, world, workers, b
     assert len(set(steps)) == 1
 
 
-def test_shuffle_differs_across_epochs_and_repeats(packed_demo):
-    first = read_epoch(packed_demo, 1, 0, epoch=0)
-    assert first == read_epoch(packed_demo, 1, 0, epoch=0)
-    assert first != read_epoch(packed_demo, 1, 0, epoch=1)
-    assert sorted(first[0]) == sorted(read_epoch(packed_demo, 1, 0, epoch=1)[0])
+@pytest.mark.parametrize("balance", [True, False])
+def test_shuffle_differs_across_epochs_and_repeats(packed_demo, balance):
+    first = read_epoch(packed_demo, 2, 0, epoch=0, balance=balance)
+    assert first == read_epoch(packed_demo, 2, 0, epoch=0, balance=balance)
+    second = read_epoch(packed_demo, 2, 0, epoch=1, balance=balance)
+    assert first != second
+    assert sorted(first[0] + first[1]) == sorted(second[0] + second[1])
 
 
-@pytest.mark.parametrize(("workers", "stop_after"), [(0, 5), (2, 3), (3, 7)])
-def test_resume_mid_epoch_yields_exactly_the_rest(packed_demo, workers, stop_after):
+@pytest.mark.parametrize(("workers", "stop_after", "balance"), [(0, 5, True), (2, 3, True), (3, 7, False)])
+def test_resume_mid_epoch_yields_exactly_the_rest(packed_demo, workers, stop_after, balance):
     def loader():
         ds = PackedDataset(
-            str(packed_demo / "packed"), seed=5, shuffle_buffer=3, with_media=False, rank=1, world_size=2
+            str(packed_demo / "packed"),
+            seed=5,
+            shuffle_buffer=3,
+            with_media=False,
+            rank=1,
+            world_size=2,
+            balance=balance,
         )
         ds.set_epoch(2)
         return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
@@ -111,6 +124,27 @@ def test_resume_mid_epoch_yields_exactly_the_rest(packed_demo, workers, stop_aft
     resumed.load_state_dict(state)
     rest = [bin_key(b) for b in resumed]
     assert taken + rest == full
+
+
+def test_balance_is_on_when_a_cost_index_exists_and_needs_one(packed_demo, tmp_path):
+    assert PackedDataset(str(packed_demo / "packed")).balance
+    copy = tmp_path / "packed"
+    shutil.copytree(packed_demo / "packed", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["cost_index"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert not PackedDataset(str(copy)).balance  # an older pack: today's order
+    with pytest.raises(ValueError, match="needs a cost index"):
+        PackedDataset(str(copy), balance=True)
+
+
+def test_a_resume_state_names_the_balance_it_was_saved_with(packed_demo):
+    saved = PackedDataset(str(packed_demo / "packed"), with_media=False)
+    state = saved.state_dict()
+    other = PackedDataset(str(packed_demo / "packed"), with_media=False, balance=False)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="balance"):
+        next(iter(other))
 
 
 def test_bins_match_the_tokenized_rows_and_vision_counts(packed_demo):

@@ -82,7 +82,7 @@ def test_the_readme_reference_names_every_key_with_its_default():
     documented = dict(re.findall(r"^\| `([^`]+)` \| ([^|]*) \|", reference, re.MULTILINE))
     for key, value in _leaves(load_config()):
         generic = re.sub(r"^profiles\.\w+\.(kind|default_system)$", r"profiles.<name>.\1", key)
-        generic = re.sub(r"^balance\.cost_model\.\w+\.(llm_\w+)$", r"balance.cost_model.<profile>.\1", generic)
+        generic = re.sub(r"^(balance\.cost_model)\.\w+\.(llm_\w+)$", r"\1.<profile>.\2", generic)
         assert generic in documented, f"README's configuration reference lacks {key}"
         if generic == key and not isinstance(value, dict):
             shown = value if isinstance(value, str) else json.dumps(value)
