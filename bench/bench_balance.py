@@ -4,8 +4,8 @@ Cases: (a) the demo's cost index (``mmpack demo`` output, if present), (b) a syn
 InternVL-style mix (text + 1–6 tiles of 256 tokens, samples of 100–2,500 tokens, budget
 8,192), with and without a second budget of 24 tiles per bin, (c) a long-context mix
 (budget 32,768, half the tokens in Qwen2-VL videos of 2 k–30 k tokens). Synthetic bins are
-packed and laid out as the pack job does (first-fit-decreasing per group of 50 M tokens,
-cost-stratified row groups of 32 bins, shards of 2,048). World sizes 8, 64, 256; 1 and 4
+packed and laid out as the pack job does (one first-fit-decreasing, cost-stratified row
+groups of 32 bins, shards of 2,048). World sizes 8, 64, 256; 1 and 4
 micro-batches per step; one reader per rank.
 
     .venv/bin/python bench/bench_balance.py [--demo-out demo-out] [--json]
@@ -66,45 +66,37 @@ def pack_like_mmpack(
     budget: int,
     model: costs.CostModel,
     second_budget: int | None = None,
-    group_tokens: int = 50_000_000,
     per_shard: int = 2048,
     per_row_group: int = 32,
     seed: int = 0,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(cost index columns, bins per row group), in manifest order."""
-    rng = np.random.default_rng(seed)
-    groups = max(1, -(-int(samples["tokens"].sum()) // group_tokens))
-    group_of = rng.integers(0, groups, len(samples["tokens"]))
-    parts, unit_sizes = [], []
-    for g in range(groups):
-        mine = np.flatnonzero(group_of == g)
-        second = samples["patches"][mine] if second_budget else None
-        packing = first_fit_decreasing(
-            samples["tokens"][mine], budget, second=second, second_budget=second_budget, oversize="skip"
+    """(cost index columns, bins per row group) in manifest order, as the pack job makes
+    them: one first-fit-decreasing, bins in cost-stratified row groups, shards of 2,048."""
+    second = samples["patches"] if second_budget else None
+    packing = first_fit_decreasing(
+        samples["tokens"], budget, second=second, second_budget=second_budget, oversize="skip"
+    )
+    packed = packing.bin_of >= 0
+
+    def per_bin(values: np.ndarray) -> np.ndarray:
+        weights = values[packed].astype(np.float64)
+        return np.bincount(packing.bin_of[packed], weights=weights, minlength=packing.num_bins).astype(
+            np.int64
         )
-        packed = packing.bin_of >= 0
-        where, members = packing.bin_of[packed], mine[packed]
 
-        def per_bin(values: np.ndarray, where=where, members=members, n=packing.num_bins) -> np.ndarray:
-            return np.bincount(where, weights=values[members].astype(np.float64), minlength=n).astype(
-                np.int64
-            )
-
-        figures = {
-            "tokens": per_bin(samples["tokens"]),
-            "sum_sq_lengths": per_bin(samples["tokens"] ** 2),
-            "vision_patches": per_bin(samples["patches"]),
-            "vision_sq_patches": per_bin(samples["sq_patches"]),
-        }
-        vision, llm = model.phases(figures)
-        tie = np.random.default_rng([seed, g]).permutation(packing.num_bins)
-        order = costs.stratified_order(costs.order_key(vision, llm), per_row_group, tie)
-        parts.append({**{k: v[order] for k, v in figures.items()}, "group": np.full(len(order), g)})
-        for first in range(0, len(order), per_shard):
-            rows = min(per_shard, len(order) - first)
-            unit_sizes += [min(per_row_group, rows - i) for i in range(0, rows, per_row_group)]
-    index = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return index, np.array(unit_sizes, np.int64)
+    figures = {
+        "tokens": per_bin(samples["tokens"]),
+        "sum_sq_lengths": per_bin(samples["tokens"] ** 2),
+        "vision_patches": per_bin(samples["patches"]),
+        "vision_sq_patches": per_bin(samples["sq_patches"]),
+    }
+    tie = np.random.default_rng(seed).permutation(packing.num_bins)
+    order = costs.stratified_order(costs.order_key(*model.phases(figures)), per_row_group, tie)
+    sizes = []
+    for first in range(0, len(order), per_shard):
+        rows = min(per_shard, len(order) - first)
+        sizes += [min(per_row_group, rows - i) for i in range(0, rows, per_row_group)]
+    return {k: v[order] for k, v in figures.items()}, np.array(sizes, np.int64)
 
 
 def demo_index(out: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str] | None:
@@ -121,23 +113,17 @@ def demo_index(out: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str] | Non
 
 def measure(index: dict, sizes: np.ndarray, model: costs.CostModel, world: int, k: int) -> dict:
     vision, llm = model.phases(index)
-    return balance.compare(vision, llm, index["group"], sizes, world, k)
+    return balance.compare(vision, llm, sizes, world, k)
 
 
-def planning_seconds(
-    index: dict, sizes: np.ndarray, model: costs.CostModel, bins: int, world: int
-) -> tuple[int, float]:
-    """Time to plan one epoch of ``bins`` bins (the index repeated, as more groups)."""
-    copies = -(-bins // len(sizes) // int(sizes.mean()))
-    big = {
-        k: np.concatenate([v + (i * (v.max() + 1) if k == "group" else 0) for i in range(copies)])
-        for k, v in index.items()
-    }
+def planning_seconds(index: dict, sizes: np.ndarray, model: costs.CostModel, bins: int, world: int) -> tuple:
+    """Time to plan one epoch of about ``bins`` bins (the index repeated)."""
+    copies = -(-bins // int(sizes.sum()))
+    big = {k: np.tile(v, copies) for k, v in index.items()}
     big_sizes = np.tile(sizes, copies)
-    vision, llm = model.phases(big)
     started = time.perf_counter()
-    key = costs.order_key(vision, llm)
-    balance.balanced_plan(key, big["group"], big_sizes, world, seed=0, epoch=1)
+    key = costs.order_key(*model.phases(big))
+    balance.balanced_plan(key, big_sizes, world, seed=0, epoch=1)
     return int(big_sizes.sum()), time.perf_counter() - started
 
 
@@ -160,7 +146,7 @@ def main() -> None:
     )
     cases["b internvl"] = (*pack_like_mmpack(mix, 8192, model["internvl"]), model["internvl"])
     cases["c long-context"] = (
-        *pack_like_mmpack(long_context_mix(args.samples // 2, seed=2), 32768, model["qwen2_vl"]),
+        *pack_like_mmpack(long_context_mix(args.samples, seed=2), 32768, model["qwen2_vl"]),
         model["qwen2_vl"],
     )
     results = []

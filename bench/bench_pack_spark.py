@@ -5,10 +5,11 @@
 1. Writes (not timed, reused across runs) a tokenized Delta table of --rows text-only
    rows: lengths lognormal(mean log 5.0, sigma 0.8) clipped to [8, 16384] (mean ≈ 200
    tokens), random ids, the first half of every sample unsupervised; 10 files.
-2. Times `pack.run` with the default config (budget 16,384, group_tokens 50 M): the
-   driver's length pass, the Spark shuffle of full rows into packing groups, FFD per
-   group, shard assembly and writing (zstd), manifest, report.
-3. Compares the fill with one global FFD over the same lengths.
+2. Times `pack.run` with the default config (budget 16,384): the driver's count pass and
+   first-fit-decreasing over all rows, the cost-stratified layout, the join of every row
+   to its place and the shuffle by shard, shard assembly and writing (zstd), manifest,
+   cost index, report.
+3. Compares the fill with a plain FFD over the same lengths (the same packing now).
 Results: bench/out/pack_spark.json; copy the line into bench/RESULTS.md.
 """
 
@@ -105,7 +106,7 @@ def main() -> None:
         "seconds": round(seconds, 1),
         "rows_per_s": round(args.rows / seconds),
         "tokens_per_s": round(int(lengths.sum()) / seconds),
-        "groups": json.loads((out / "packed" / "manifest.json").read_text())["totals"]["groups"],
+        "shards": json.loads((out / "packed" / "manifest.json").read_text())["totals"]["shards"],
         "bins": summary["bins"],
         "fill": summary["fill"],
         "global_ffd_bins": global_bins,

@@ -6,13 +6,12 @@ positions, so balancing every position balances every step, whatever ``k``, the 
 or the number of dataloader workers (each rank maps positions to steps the same way).
 
 Reads stay local: a rank trains whole row groups. The pack job writes row groups
-stratified by cost (mmpack_udfs.costs.stratified_order): row group ``i`` of a packing group
-holds the ``i``-th bin of every cost stratum, so neighbouring row groups are near-copies.
+stratified by cost (mmpack_udfs.costs.stratified_order): row group ``i`` holds the
+``i``-th bin of every cost stratum of the run, so neighbouring row groups are near-copies.
 Each epoch:
 
-1. *Rounds*: per packing group, full row groups sorted by their mean cost rank (with a
-   seeded jitter of half a round, so rounds differ between epochs) are cut into rounds of
-   ``R``; the groups' remainders form rounds across groups the same way.
+1. *Rounds*: full row groups sorted by their mean cost rank (with a seeded jitter of half
+   a round, so rounds differ between epochs) are cut into rounds of ``R``.
 2. In a round each rank takes one row group; position ``j`` of the round is the ``j``-th
    cheapest bin of every rank's row group.
 3. What is left (partial row groups, fewer than ``R`` full ones) is cut into ``R``
@@ -58,7 +57,6 @@ def cost_ranks(key: np.ndarray) -> np.ndarray:
 
 def balanced_plan(
     key: np.ndarray,
-    group: np.ndarray,
     unit_sizes: np.ndarray,
     world_size: int,
     seed: int,
@@ -67,8 +65,8 @@ def balanced_plan(
     shuffle: bool = True,
     drop_remainder: bool = False,
 ) -> BalancedPlan:
-    """The epoch's plan. ``key`` (costs.order_key) and ``group`` per bin, bins in index order;
-    ``unit_sizes``: bins per row group, in the same order."""
+    """The epoch's plan. ``key`` (costs.order_key) per bin, in index order; ``unit_sizes``:
+    bins per row group, in the same order."""
     rng = np.random.default_rng([seed, epoch, world_size, 17])
     starts = np.concatenate([[0], np.cumsum(unit_sizes)[:-1]]).astype(np.int64)
     rank = cost_ranks(key)
@@ -76,24 +74,12 @@ def balanced_plan(
     mean_rank = np.bincount(unit_of_bin, weights=rank, minlength=len(unit_sizes)) / np.maximum(unit_sizes, 1)
     per = int(unit_sizes.max()) if len(unit_sizes) else 0
     full = np.flatnonzero(unit_sizes == per)
-    unit_group = group[starts[full]] if len(full) else np.zeros(0, np.int64)
-
-    def cut(units: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Rounds of ``world_size`` neighbours in cost, and the remainder."""
-        units = units[np.argsort(mean_rank[units], kind="stable")]
-        if shuffle:  # move each row group by up to half a round: new rounds every epoch
-            moved = np.arange(len(units)) + rng.uniform(0, ROUND_JITTER * world_size, len(units))
-            units = units[np.argsort(moved, kind="stable")]
-        count = len(units) // world_size * world_size
-        return list(units[:count].reshape(-1, world_size)), units[count:]
-
-    rounds, rest = [], []
-    for g in np.unique(unit_group):
-        made, left = cut(full[unit_group == g])
-        rounds += made
-        rest.append(left)
-    made, left = cut(np.concatenate(rest) if rest else np.zeros(0, np.int64))
-    rounds += made
+    full = full[np.argsort(mean_rank[full], kind="stable")]
+    if shuffle:  # move each row group by up to half a round: new rounds every epoch
+        moved = np.arange(len(full)) + rng.uniform(0, ROUND_JITTER * world_size, len(full))
+        full = full[np.argsort(moved, kind="stable")]
+    count = len(full) // world_size * world_size
+    rounds, left = full[:count].reshape(-1, world_size), full[count:]
     blocks = [_round_block(units, starts, per, rank, rng, shuffle) for units in rounds]
     leftover = np.concatenate([left, np.flatnonzero(unit_sizes != per)])
     leftover = leftover[np.argsort(mean_rank[leftover], kind="stable")]
@@ -158,7 +144,6 @@ def _leftover_block(
 
 def worker_items(
     key: np.ndarray,
-    group: np.ndarray,
     units: list[plan.Unit],
     slot: plan.Slot,
     seed: int,
@@ -170,7 +155,7 @@ def worker_items(
     run per dataloader worker (plan.worker_run), as (row group, row) items."""
     sizes = np.array([u.rows for u in units], np.int64)
     chosen = balanced_plan(
-        key, group, sizes, slot.world_size, seed, epoch, shuffle=shuffle, drop_remainder=drop_remainder
+        key, sizes, slot.world_size, seed, epoch, shuffle=shuffle, drop_remainder=drop_remainder
     )
     first, last = plan.worker_run(chosen.positions, slot.worker, slot.num_workers)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -222,7 +207,6 @@ def read_amplification(chosen: BalancedPlan, unit_sizes: np.ndarray) -> float:
 def compare(
     vision: np.ndarray,
     llm: np.ndarray,
-    group: np.ndarray,
     unit_sizes: np.ndarray,
     world_size: int,
     micro_batches: int,
@@ -233,7 +217,7 @@ def compare(
     amplification and steps, of today's order ("random") and the balanced plan."""
     plans = {
         "random": random_plan(unit_sizes, world_size, seed, epoch),
-        "balanced": balanced_plan(costs.order_key(vision, llm), group, unit_sizes, world_size, seed, epoch),
+        "balanced": balanced_plan(costs.order_key(vision, llm), unit_sizes, world_size, seed, epoch),
     }
     return {
         name: {

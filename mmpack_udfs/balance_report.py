@@ -2,8 +2,8 @@
 today's order and in the balanced plan, from a cost index alone (no shard is opened).
 
 Works on the index of a packed output (``--out``) or on any Parquet file with the cost
-index columns (``--index``; ``group`` is optional there, and row groups are taken as
-``--bins-per-row-group`` consecutive bins of a shard).
+index columns (``--index``; row groups are then taken as ``--bins-per-row-group``
+consecutive bins of a shard).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from mmpack_udfs import costs, fs, schemas
 from mmpack_udfs.report import ReportError
 
-REQUIRED = [c for c in schemas.COST_INDEX_COLUMNS if c != "group"]
+REQUIRED = list(schemas.COST_INDEX_COLUMNS)
 
 
 def from_output(out: str, s3: fs.S3Options | None) -> tuple[pa.Table, int, str]:
@@ -70,9 +70,8 @@ def build(
     if world_size < 1 or micro_batches < 1:
         raise ReportError("--world-size and --micro-batches must be at least 1")
     vision, llm = model.phases(index)
-    group = index["group"].to_numpy() if "group" in index.column_names else np.zeros(index.num_rows, np.int64)
     sizes = row_group_sizes(index, per_row_group)
-    result = balance.compare(vision, llm, group, sizes, world_size, micro_batches, seed, epoch)
+    result = balance.compare(vision, llm, sizes, world_size, micro_batches, seed, epoch)
     return {"bins": index.num_rows, "world_size": world_size, "micro_batches": micro_batches, **result}
 
 

@@ -201,7 +201,7 @@ def _validate_spark(section: Mapping[str, Any]) -> None:
 def _validate_pack(section: Mapping[str, Any]) -> None:
     if section["budget"] is not None:
         _positive_int(section["budget"], "pack.budget")
-    for key in ("group_tokens", "bins_per_shard", "bins_per_row_group"):
+    for key in ("bins_per_shard", "bins_per_row_group"):
         _positive_int(section[key], f"pack.{key}")
     choices = {"second_budget_by": ("none", "media_items", "vision_patches"), "oversize": ("error", "skip")}
     for key, allowed in choices.items():

@@ -7,8 +7,8 @@ patch (``grid_t`` blocks of ``grid_h × grid_w`` patches), an InternVL tile is o
 
 A bin costs ``llm_token·tokens + llm_pair·Σ l²`` in the LLM and ``vision_patch·patches +
 vision_pair·Σ patches²`` in the vision encoder (docs/BALANCE.md derives the defaults).
-Bins are laid out in row groups *stratified* by cost: sorted by ``order_key`` and dealt
-so that each row group holds one bin of every cost stratum of its packing group, and
+The pack lays bins out in row groups *stratified* by cost: sorted by ``order_key`` and
+dealt so that each row group holds one bin of every cost stratum of the run, and
 consecutive row groups are near-copies of each other. A balanced plan (loader.balance)
 then gives the ranks such near-copies, reading every row group once.
 """
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from mmpack_udfs import schemas
 
-SHARD_COLUMNS = ["group", "num_tokens", "sum_sq_lengths", "vision_patches", "supervised_tokens"]
+SHARD_COLUMNS = ["num_tokens", "sum_sq_lengths", "vision_patches", "supervised_tokens"]
 MEDIA_FIELDS = ["grid_t", "grid_h", "grid_w", "num_tokens"]
 KEY_BITS = 16  # per axis of the order key's grid: log2(cost) in steps of 1/1024, up to 2^64
 
@@ -102,7 +102,7 @@ def order_key(vision: np.ndarray, llm: np.ndarray) -> np.ndarray:
 
 
 def stratified_order(key: np.ndarray, per_row_group: int, tie: np.ndarray | None = None) -> np.ndarray:
-    """The order to write one packing group's bins in: every full row group takes one bin of
+    """The order to write bins in: every full row group takes one bin of
     each of ``per_row_group`` cost strata, row group ``i`` the ``i``-th of each, so that
     consecutive row groups are near-copies; within a row group the strata come in
     bit-reversed order (any prefix spans the range). The last row group (the remainder)
@@ -161,7 +161,6 @@ def bin_costs(bins: pa.Table, shard: int, profile: Mapping[str, Any]) -> pa.Tabl
             "vision_patches": column["vision_patches"],
             "vision_sq_patches": media_squares(media, profile),
             "supervised_tokens": column["supervised_tokens"],
-            "group": column["group"],
         },
         schema=schemas.COST_INDEX,
     )

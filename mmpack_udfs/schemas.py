@@ -237,7 +237,6 @@ COST_INDEX_COLUMNS = (
     "vision_patches",  # vision encoder input patches
     "vision_sq_patches",  # Σ over the encoder's attention blocks (frames, tiles) of patches²
     "supervised_tokens",
-    "group",  # the packing group: its row groups are stratified together (see costs.py)
 )
 COST_INDEX = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in COST_INDEX_COLUMNS])
 

@@ -128,7 +128,6 @@ def fresh_output(tokenized_demo, tmp_path):
 PACKED_DEMO_SETTINGS = (
     "pack.budget=4096",
     "pack.oversize=skip",
-    "pack.group_tokens=50000",
     "pack.bins_per_row_group=2",
 )
 

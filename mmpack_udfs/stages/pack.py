@@ -1,14 +1,18 @@
 """The pack stage: Delta ``tokenized`` → Parquet packed shards + manifest.json + report.
 
-    driver: lengths (3 int columns) → oversize check, number of groups
-    Spark:  rows ──repartition(groups, sample_id)──▶ one task per packing group:
-        sort its rows by sample_id → first-fit-decreasing → bins in cost-stratified row
-        groups (costs.stratified_order) → write its shards
-        (packed/shards/<run tag>/g<group>-<shard>.parquet)
+    driver: the count columns of every row (ids, lengths, media grids) → oversize check
+        → first-fit-decreasing over all rows → bins in cost-stratified row groups
+        (costs.stratified_order) → where each row goes: (shard, bin row, position)
+    Spark:  rows ⋈ placement ──repartition(shards, shard)──▶ tasks that build and write
+        whole shards (packed/shards/<run tag>/s<shard>.parquet) and their cost index rows
     driver: reconcile (rows in = packed + skipped), write manifest.json last, report
 
-A retried task rewrites identical files (names and content depend only on the rows of
-its group and the config); a reader only ever opens what the manifest names.
+The driver holds only counts (~100 bytes a row: 10 M rows ≈ 1 GB) and packs them in one
+first-fit-decreasing (numba: ~1 s per million rows), so the layout is global: every row
+group holds one bin of each cost stratum of the whole run, which is what lets a loader
+balance ranks while reading whole row groups (loader.balance). A retried task rewrites
+identical files (names and content depend only on the placement and the rows); a reader
+only ever opens what the manifest names.
 """
 
 from __future__ import annotations
@@ -33,10 +37,8 @@ from mmpack_udfs.stages import runs
 
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"
+COUNT_COLUMNS = ["sample_id", "num_tokens", "image_tokens", "video_tokens", "media"]
 
-SKIPPED = pa.struct(
-    [("sample_id", pa.string()), ("num_tokens", pa.int64()), ("second", pa.int64()), ("reason", pa.string())]
-)
 WRITTEN = pa.struct(  # shards.WrittenShard
     [
         ("path", pa.string()),
@@ -48,18 +50,17 @@ WRITTEN = pa.struct(  # shards.WrittenShard
         ("row_groups", pa.int64()),
     ]
 )
-GROUP_RESULT = pa.schema(
+SHARD_RESULT = pa.schema(
     [
-        ("group", pa.int32()),
-        ("rows_in", pa.int64()),
-        ("packed_rows", pa.int64()),
-        ("bins", pa.int64()),
-        ("shards", pa.list_(WRITTEN)),
-        ("skipped", pa.list_(SKIPPED)),
-        ("costs", pa.binary()),  # the group's cost index rows (costs.shard_rows), Arrow IPC
+        ("shard", pa.int32()),
+        ("rows_in", pa.int64()),  # tokenized rows the task received
+        ("written", WRITTEN),
+        ("costs", pa.binary()),  # the shard's cost index rows (costs.shard_rows), Arrow IPC
         ("seconds", pa.float64()),
     ]
 )
+PLACEMENT = pa.schema([("sample_id", pa.string()), ("shard", pa.int32()), ("bin_row", pa.int32()),
+                       ("position", pa.int32())])  # fmt: skip
 
 
 class PackError(RuntimeError):
@@ -72,7 +73,6 @@ class PackSettings:
     second_by: str  # none | media_items | vision_patches
     second_budget: int | None
     oversize: str
-    group_tokens: int
     bins_per_shard: int
     bins_per_row_group: int
     embed_media: bool
@@ -88,7 +88,6 @@ class PackSettings:
             second_by=p["second_budget_by"],
             second_budget=p["second_budget"] if p["second_budget_by"] != "none" else None,
             oversize=p["oversize"],
-            group_tokens=p["group_tokens"],
             bins_per_shard=p["bins_per_shard"],
             bins_per_row_group=p["bins_per_row_group"],
             embed_media=p["embed_media"],
@@ -124,129 +123,39 @@ def derive_run_id(config: Mapping[str, Any], tokenized_uri: str, version: int) -
     return runs.run_id_from("pack", facts)
 
 
-def pack_groups(
-    batches: Iterator[pa.RecordBatch],
-    settings: PackSettings,
-    packed_root: str,
-    shard_dir: str,
-    s3: fs.S3Options | None,
-) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: pack the rows of this partition (one group) and write its shards."""
-    from pyspark import TaskContext
+# -- driver: where every row goes ---------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    """Where each row of the counts table goes (-1: skipped as over budget)."""
 
-    group = TaskContext.get().partitionId()
-    received = list(batches)
-    if received:  # an empty partition is a group that no sample_id hashed to
-        rows = pa.Table.from_batches(received)
-        yield pack_group(rows, group, settings, packed_root, shard_dir, s3)
+    shard: np.ndarray  # shard number
+    bin_row: np.ndarray  # row of its bin in the shard
+    position: np.ndarray  # its place in the bin (longest first)
+    skipped: np.ndarray  # indices of rows over a budget
+    shard_bins: list[int]  # bins per shard
 
-
-def pack_group(
-    rows: pa.Table,
-    group: int,
-    settings: PackSettings,
-    packed_root: str,
-    shard_dir: str,
-    s3: fs.S3Options | None,
-) -> pa.RecordBatch:
-    """Pack one group's rows and write its shards; what was written and the shards' cost
-    index rows, as one result row."""
-    started = time.perf_counter()
-    rows = rows.take(pc.sort_indices(rows, [("sample_id", "ascending")]))  # arrival order must not matter
-    lengths = rows.column("num_tokens").to_numpy().astype(np.int64)
-    second = settings.second_sizes(rows)
-    packing = first_fit_decreasing(
-        lengths,
-        settings.budget,
-        second=second,
-        second_budget=settings.second_budget,
-        oversize="skip",  # the driver has already failed the job if the policy is "error"
-    )
-    bin_order = cost_stratified_order(rows, packing.bin_of, packing.num_bins, group, settings)
-    lay = shards.layout(packing.bin_of, lengths, bin_order)
-    read_media = _media_reader(s3) if settings.embed_media else None
-    written, cost_rows = [], []
-    for number, first in enumerate(range(0, lay.num_bins, settings.bins_per_shard)):
-        end = min(first + settings.bins_per_shard, lay.num_bins)
-        batch = shards.build_bins(rows, lay, first, end, group=group, read_media=read_media)
-        name = f"{shard_dir}/g{group:05d}-{number:05d}.parquet"
-        written.append(
-            asdict(shards.write_shard(packed_root, name, [batch], settings.bins_per_row_group, s3))
-        )
-        cost_rows.append(costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile))
-    skipped_ids = rows.column("sample_id").take(pa.array(packing.skipped)).to_pylist()
-    skipped = [
-        {
-            "sample_id": sid,
-            "num_tokens": int(lengths[i]),
-            "second": int(second[i]) if second is not None else 0,
-            "reason": "over_budget" if lengths[i] > settings.budget else f"over_{settings.second_by}_budget",
-        }
-        for sid, i in zip(skipped_ids, packing.skipped, strict=True)
-    ]
-    result = {
-        "group": group,
-        "rows_in": rows.num_rows,
-        "packed_rows": rows.num_rows - len(skipped),
-        "bins": lay.num_bins,
-        "shards": written,
-        "skipped": skipped,
-        "costs": costs.to_ipc(pa.concat_tables(cost_rows)) if cost_rows else None,
-        "seconds": time.perf_counter() - started,
-    }
-    return pa.RecordBatch.from_pylist([result], schema=GROUP_RESULT)
+    def table(self, counts: pa.Table) -> pa.Table:
+        """(sample_id, shard, bin_row, position) of every packed row."""
+        packed = pa.array(self.shard >= 0)
+        columns = [counts.column("sample_id").filter(packed)]
+        columns += [
+            pa.array(a[self.shard >= 0].astype(np.int32)) for a in (self.shard, self.bin_row, self.position)
+        ]
+        return pa.Table.from_arrays(columns, schema=PLACEMENT)
 
 
-def cost_stratified_order(
-    rows: pa.Table, bin_of: np.ndarray, num_bins: int, group: int, settings: PackSettings
-) -> np.ndarray:
-    """The order to write the bins in (``bin_order[k]`` = the packer's bin written k-th):
-    row groups stratified by cost (costs.stratified_order); bins of equal cost in a seeded
-    order."""
-    packed = bin_of >= 0
-
-    def per_bin(values: np.ndarray) -> np.ndarray:
-        return np.bincount(bin_of[packed], weights=values[packed].astype(np.float64), minlength=num_bins)
-
-    tokens = rows.column("num_tokens").to_numpy().astype(np.int64)
-    vision_tokens = rows.column("image_tokens").to_numpy() + rows.column("video_tokens").to_numpy()
-    figures = {
-        "tokens": per_bin(tokens),
-        "sum_sq_lengths": per_bin(tokens * tokens),
-        "vision_patches": per_bin(vision_tokens.astype(np.int64) * shards.VISION_PATCHES_PER_TOKEN),
-        "vision_sq_patches": per_bin(
-            costs.media_squares(rows.column("media").combine_chunks(), settings.profile)
-        ),
-    }
-    vision, llm = settings.cost_model.phases(figures)
-    tie = np.random.default_rng([settings.seed, group]).permutation(num_bins)
-    return costs.stratified_order(costs.order_key(vision, llm), settings.bins_per_row_group, tie)
+def read_counts(tokenized_uri: str, snap: tables.Snapshot, s3: fs.S3Options | None) -> pa.Table:
+    """The count columns of every row, sorted by sample_id (arrival order must not matter)."""
+    counts = tables.read_arrow(tokenized_uri, s3, columns=COUNT_COLUMNS, snap=snap)
+    return counts.take(pc.sort_indices(counts, [("sample_id", "ascending")])).combine_chunks()
 
 
-def _media_reader(s3: fs.S3Options | None):
-    """Read a media file's bytes, once per file per task."""
-    cache: dict[str, bytes] = {}
-
-    def read(uri: str) -> bytes:
-        if uri not in cache:
-            cache[uri] = fs.read_bytes(uri, s3)
-        return cache[uri]
-
-    return read
-
-
-def check_oversize(
-    tokenized_uri: str, snap: tables.Snapshot, settings: PackSettings, s3: fs.S3Options | None
-) -> tuple[int, int, list[str]]:
-    """Rows and tokens in the table, and the ids of rows over a budget (reads count columns only).
+def check_oversize(counts: pa.Table, settings: PackSettings) -> np.ndarray:
+    """Indices of rows over a budget.
 
     Raises PackError when any row is over a budget and the policy is ``error``, or when every
     row is (nothing would be published).
     """
-    columns = ["sample_id", "num_tokens", "image_tokens", "video_tokens"]
-    if settings.second_by == "media_items":
-        columns.append("media")
-    counts = tables.read_arrow(tokenized_uri, s3, columns=columns, snap=snap)
     lengths = counts.column("num_tokens").to_numpy().astype(np.int64)
     too_big = settings.oversize_mask(lengths, settings.second_sizes(counts))
     over = counts.column("sample_id").filter(pa.array(too_big)).to_pylist()
@@ -263,7 +172,117 @@ def check_oversize(
             f"tokens), so nothing would be published. Raise pack.budget (the longest row has "
             f"{int(lengths.max())} tokens) or tokenize with a smaller tokenize.max_tokens."
         )
-    return counts.num_rows, int(lengths.sum()), over
+    return np.flatnonzero(too_big)
+
+
+def place(counts: pa.Table, settings: PackSettings) -> Placement:
+    """Pack every row (first-fit-decreasing, ties in sample_id order) and lay the bins out in
+    cost-stratified row groups, ``bins_per_shard`` per shard."""
+    lengths = counts.column("num_tokens").to_numpy().astype(np.int64)
+    second = settings.second_sizes(counts)
+    packing = first_fit_decreasing(
+        lengths, settings.budget, second=second, second_budget=settings.second_budget, oversize="skip"
+    )
+    lay = shards.layout(packing.bin_of, lengths, cost_stratified_order(counts, packing, settings))
+    per_bin = np.diff(lay.bin_starts)
+    written = np.full(len(lengths), -1, np.int64)
+    written[lay.rows] = np.repeat(np.arange(lay.num_bins), per_bin)
+    position = np.full(len(lengths), -1, np.int64)
+    position[lay.rows] = np.arange(len(lay.rows)) - np.repeat(lay.bin_starts[:-1], per_bin)
+    packed = written >= 0
+    shard = np.where(packed, written // settings.bins_per_shard, -1)
+    bin_row = np.where(packed, written % settings.bins_per_shard, -1)
+    shard_bins = [min(settings.bins_per_shard, lay.num_bins - first)
+                  for first in range(0, lay.num_bins, settings.bins_per_shard)]  # fmt: skip
+    return Placement(shard, bin_row, position, packing.skipped, shard_bins)
+
+
+def cost_stratified_order(counts: pa.Table, packing, settings: PackSettings) -> np.ndarray:
+    """The order to write the bins in (``order[k]`` = the packer's bin written k-th): row
+    groups stratified by cost (costs.stratified_order); bins of equal cost in a seeded order."""
+    bin_of, num_bins = packing.bin_of, packing.num_bins
+    packed = bin_of >= 0
+
+    def per_bin(values: np.ndarray) -> np.ndarray:
+        return np.bincount(bin_of[packed], weights=values[packed].astype(np.float64), minlength=num_bins)
+
+    tokens = counts.column("num_tokens").to_numpy().astype(np.int64)
+    vision_tokens = counts.column("image_tokens").to_numpy() + counts.column("video_tokens").to_numpy()
+    squares = costs.media_squares(counts.column("media").combine_chunks(), settings.profile)
+    figures = {
+        "tokens": per_bin(tokens),
+        "sum_sq_lengths": per_bin(tokens * tokens),
+        "vision_patches": per_bin(vision_tokens.astype(np.int64) * shards.VISION_PATCHES_PER_TOKEN),
+        "vision_sq_patches": per_bin(squares),
+    }
+    vision, llm = settings.cost_model.phases(figures)
+    tie = np.random.default_rng(settings.seed).permutation(num_bins)
+    return costs.stratified_order(costs.order_key(vision, llm), settings.bins_per_row_group, tie)
+
+
+# -- executors: build and write whole shards ----------------------------------------------
+def shard_path(shard_dir: str, shard: int) -> str:
+    return f"{shard_dir}/s{shard:05d}.parquet"
+
+
+def write_shards(
+    batches: Iterator[pa.RecordBatch],
+    settings: PackSettings,
+    packed_root: str,
+    shard_dir: str,
+    s3: fs.S3Options | None,
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the placed rows of some shards → those shards, one result row each."""
+    received = list(batches)
+    if not received:
+        return
+    rows = pa.Table.from_batches(received)
+    numbers = rows.column("shard").to_numpy()
+    for shard in np.unique(numbers):
+        mine = rows.filter(pa.array(numbers == shard))
+        yield write_placed_shard(mine, int(shard), settings, packed_root, shard_dir, s3)
+
+
+def write_placed_shard(
+    rows: pa.Table,
+    shard: int,
+    settings: PackSettings,
+    packed_root: str,
+    shard_dir: str,
+    s3: fs.S3Options | None,
+) -> pa.RecordBatch:
+    """Build one shard's bins from its placed rows (any order) and write it; what was written
+    and its cost index rows, as one result row."""
+    started = time.perf_counter()
+    rows = rows.take(pc.sort_indices(rows, [("bin_row", "ascending"), ("position", "ascending")]))
+    per_bin = np.bincount(rows.column("bin_row").to_numpy())
+    lay = shards.BinLayout(
+        rows=np.arange(rows.num_rows), bin_starts=np.concatenate([[0], np.cumsum(per_bin)])
+    )
+    read_media = _media_reader(s3) if settings.embed_media else None
+    batch = shards.build_bins(rows, lay, 0, lay.num_bins, group=0, read_media=read_media)
+    name = shard_path(shard_dir, shard)
+    written = shards.write_shard(packed_root, name, [batch], settings.bins_per_row_group, s3)
+    result = {
+        "shard": shard,
+        "rows_in": rows.num_rows,
+        "written": asdict(written),
+        "costs": costs.to_ipc(costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile)),
+        "seconds": time.perf_counter() - started,
+    }
+    return pa.RecordBatch.from_pylist([result], schema=SHARD_RESULT)
+
+
+def _media_reader(s3: fs.S3Options | None):
+    """Read a media file's bytes, once per file per task."""
+    cache: dict[str, bytes] = {}
+
+    def read(uri: str) -> bytes:
+        if uri not in cache:
+            cache[uri] = fs.read_bytes(uri, s3)
+        return cache[uri]
+
+    return read
 
 
 def published_run(packed_root: str, run_id: str, s3: fs.S3Options | None) -> dict | None:
@@ -298,27 +317,29 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         print(f"pack: run {run_id} is already published; nothing to do")
         return report.write_report(output, s3)
 
-    rows_in, tokens_in, over = check_oversize(tokenized_uri, snap, settings, s3)
-    groups = max(1, -(-tokens_in // settings.group_tokens))
+    counts = read_counts(tokenized_uri, snap, s3)
+    over = check_oversize(counts, settings)
     shard_dir = f"shards/{tables.run_tag(run_id)}"
+    placement = place(counts, settings) if counts.num_rows else None
     results: list[dict] = []
-    if rows_in:
+    if placement is not None:
+        placed = spark.createDataFrame(
+            placement.table(counts).to_pandas(), schema=from_arrow_schema(PLACEMENT)
+        )
         df = tables.read_table(spark, tokenized_uri, s3, snap=snap).select(*shards.TOKENIZED_COLUMNS)
-        task = partial(pack_groups, settings=settings, packed_root=packed_root, shard_dir=shard_dir, s3=s3)
-        grouped = df.repartition(groups, "sample_id")
+        task = partial(write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, s3=s3)
+        by_shard = df.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
         results = [
             r.asDict(recursive=True)
-            for r in grouped.mapInArrow(task, from_arrow_schema(GROUP_RESULT)).collect()
+            for r in by_shard.mapInArrow(task, from_arrow_schema(SHARD_RESULT)).collect()
         ]
     tasks_done = time.time()
-    results.sort(key=lambda r: r["group"])
-    skipped = [s for r in results for s in r["skipped"]]
-    reconcile(rows_in, len(over), results)
-    manifest = build_manifest(config, settings, run_id, tokenized_uri, snap.version, results)
+    results.sort(key=lambda r: r["shard"])
+    skipped = skipped_rows(counts, over, settings)
+    reconcile(counts.num_rows, len(over), placement, results)
+    manifest = build_manifest(config, settings, run_id, tokenized_uri, snap.version, results, len(skipped))
     manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, results, s3)
-    fs.write_bytes(
-        schemas.report_uri(output, SKIPPED_NAME), _json(sorted(skipped, key=lambda s: s["sample_id"])), s3
-    )
+    fs.write_bytes(schemas.report_uri(output, SKIPPED_NAME), _json(skipped), s3)
     publish_manifest(packed_root, manifest, s3)
     summary = report.write_report(output, s3)
     summary["stage_seconds"] = {
@@ -328,19 +349,39 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def reconcile(rows_in: int, oversize_rows: int, results: list[dict]) -> None:
-    """rows in the table = rows read by the groups = rows in shards + rows skipped."""
-    read = sum(r["rows_in"] for r in results)
-    packed = sum(r["packed_rows"] for r in results)
-    skipped = sum(len(r["skipped"]) for r in results)
-    in_shards = sum(s["samples"] for r in results for s in r["shards"])
+def skipped_rows(counts: pa.Table, over: np.ndarray, settings: PackSettings) -> list[dict[str, Any]]:
+    """The rows left out as over a budget, with their sizes and reason, by sample_id."""
+    lengths = counts.column("num_tokens").to_numpy()
+    second = settings.second_sizes(counts)
+    ids = counts.column("sample_id").take(pa.array(over, pa.int64())).to_pylist()
+    return [
+        {
+            "sample_id": sid,
+            "num_tokens": int(lengths[i]),
+            "second": int(second[i]) if second is not None else 0,
+            "reason": "over_budget" if lengths[i] > settings.budget else f"over_{settings.second_by}_budget",
+        }
+        for sid, i in zip(ids, over, strict=True)
+    ]
+
+
+def reconcile(rows_in: int, oversize_rows: int, placement: Placement | None, results: list[dict]) -> None:
+    """rows in the table = rows the shard tasks received + rows skipped = rows in shards +
+    rows skipped; every planned shard written with its planned bins."""
+    received = sum(r["rows_in"] for r in results)
+    in_shards = sum(r["written"]["samples"] for r in results)
     problems = []
-    if read != rows_in:
-        problems.append(f"the groups read {read} rows but the table has {rows_in}")
-    if read != packed + skipped or packed != in_shards:
-        problems.append(f"rows read {read} != in shards {in_shards} + skipped {skipped}")
-    if skipped != oversize_rows:
-        problems.append(f"skipped {skipped} rows but {oversize_rows} are over budget")
+    if received + oversize_rows != rows_in or in_shards != received:
+        problems.append(
+            f"the table has {rows_in} rows; the shard tasks received {received}, wrote {in_shards}, "
+            f"and {oversize_rows} are over budget"
+        )
+    planned = placement.shard_bins if placement is not None else []
+    if [r["written"]["rows"] for r in results] != planned or [r["shard"] for r in results] != list(
+        range(len(planned))
+    ):
+        wrote = [r["written"]["rows"] for r in results]
+        problems.append(f"planned {len(planned)} shards of {planned} bins, wrote {wrote}")
     if problems:
         raise PackError("pack reconciliation failed: " + "; ".join(problems))
 
@@ -352,8 +393,9 @@ def build_manifest(
     tokenized_uri: str,
     version: int,
     results: list[dict],
+    skipped: int,
 ) -> dict[str, Any]:
-    shard_list = sorted((s for r in results for s in r["shards"]), key=lambda s: s["path"])
+    shard_list = [r["written"] for r in sorted(results, key=lambda r: r["shard"])]
     tokens = sum(s["tokens"] for s in shard_list)
     bins = sum(s["rows"] for s in shard_list)
     return {
@@ -373,8 +415,7 @@ def build_manifest(
             "samples": sum(s["samples"] for s in shard_list),
             "tokens": tokens,
             "bytes": sum(s["bytes"] for s in shard_list),
-            "skipped": sum(len(r["skipped"]) for r in results),
-            "groups": len(results),
+            "skipped": skipped,
             "lower_bound_bins": -(-tokens // settings.budget),
             "fill": round(tokens / (bins * settings.budget), 6) if bins else 0.0,
         },
@@ -387,9 +428,9 @@ def build_manifest(
 def write_cost_index(
     packed_root: str, shard_dir: str, manifest: Mapping[str, Any], results: list[dict], s3
 ) -> dict[str, Any]:
-    """Write the run's per-bin cost index (rows the groups' tasks computed) beside its shards;
+    """Write the run's per-bin cost index (rows the shard tasks computed) beside its shards;
     the manifest entry naming it."""
-    parts = [costs.from_ipc(r["costs"]) for r in results if r["costs"] is not None]
+    parts = [costs.from_ipc(r["costs"]) for r in results]
     data = costs.index_bytes(costs.assemble(parts, manifest["shards"]))
     path = f"{shard_dir}/{schemas.COST_INDEX_NAME}"
     fs.write_bytes(fs.join(packed_root, path), data, s3)

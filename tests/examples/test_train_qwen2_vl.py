@@ -38,7 +38,7 @@ def packed(spark, tmp_path_factory) -> Path:
 
     data = demo_data.generate(tmp_path_factory.mktemp("ddp-demo"), samples=60, seed=12)
     out = tmp_path_factory.mktemp("ddp-out")
-    config = demo_config(data, out, *PACKED_DEMO_SETTINGS, "pack.group_tokens=1000000000")
+    config = demo_config(data, out, *PACKED_DEMO_SETTINGS)
     normalize.run(spark, config)
     tokenize.run(spark, config)
     pack.run(spark, config)

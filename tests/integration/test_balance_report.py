@@ -43,7 +43,7 @@ def test_the_text_report_names_both_orders(packed_demo, capsys):
 
 def test_any_index_file_with_the_columns_works_and_a_calibrated_model_counts(packed_demo, tmp_path, capsys):
     manifest = json.loads((packed_demo / "packed" / "manifest.json").read_text())
-    index = pq.read_table(packed_demo / "packed" / manifest["cost_index"]["path"]).drop_columns(["group"])
+    index = pq.read_table(packed_demo / "packed" / manifest["cost_index"]["path"])
     pq.write_table(index, tmp_path / "mine.parquet")
     args = ("--index", str(tmp_path / "mine.parquet"), "--world-size", "2", "--bins-per-row-group", "2")
     default = report(capsys, *args)

@@ -16,7 +16,7 @@ from tests.mmpack_udfs.test_shards import decode
 
 pytestmark = pytest.mark.spark
 
-SMALL_GROUPS = ("pack.group_tokens=40000", "pack.bins_per_shard=2", "pack.bins_per_row_group=1")
+SMALL_SHARDS = ("pack.bins_per_shard=2", "pack.bins_per_row_group=1")
 
 
 def run_pack(spark, demo, out: Path, *overrides: str) -> dict:
@@ -34,7 +34,7 @@ def shard_hashes(out: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def packed(spark, demo, tokenized_demo, tmp_path_factory):
     out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("pack"))
-    return out, run_pack(spark, demo, out, *SMALL_GROUPS)
+    return out, run_pack(spark, demo, out, *SMALL_SHARDS)
 
 
 def test_shards_decode_back_to_exactly_the_tokenized_rows(packed):
@@ -62,7 +62,7 @@ def test_shards_decode_back_to_exactly_the_tokenized_rows(packed):
             assert g["data"] == Path(w["uri"]).read_bytes()
             media_items += 1
     assert media_items > 0
-    assert m["totals"]["groups"] > 1 and m["totals"]["shards"] > m["totals"]["groups"]
+    assert m["totals"]["shards"] > 1
     assert summary["samples"] == len(rows) and summary["skipped"] == 0
 
 
@@ -71,7 +71,7 @@ def test_manifest_describes_every_shard(packed):
     m = manifest(out)
     assert m["format"] == schemas.SHARD_FORMAT and m["format_version"] == schemas.SHARD_FORMAT_VERSION
     assert m["source"]["version"] == tables.snapshot(schemas.table_uri(str(out), "tokenized")).version
-    assert m["config"]["pack"]["group_tokens"] == 40000 and len(m["config_hash"]) == 64
+    assert m["config"]["pack"]["bins_per_shard"] == 2 and len(m["config_hash"]) == 64
     assert m["budget"] == 16384 and m["tool"]["name"] == "mmpack"
     for shard in m["shards"]:
         data = (out / "packed" / shard["path"]).read_bytes()
@@ -105,12 +105,12 @@ def test_rerun_is_skipped_and_a_repack_is_byte_identical(spark, demo, packed):
     out, _ = packed
     before = (out / "packed" / "manifest.json").read_bytes()
     files = {p: p.read_bytes() for p in (out / "packed").rglob("*.parquet")}
-    run_pack(spark, demo, out, *SMALL_GROUPS)  # already published: nothing is rewritten
+    run_pack(spark, demo, out, *SMALL_SHARDS)  # already published: nothing is rewritten
     assert (out / "packed" / "manifest.json").read_bytes() == before
     for p in files:
         p.unlink()
     (out / "packed" / "manifest.json").unlink()
-    run_pack(spark, demo, out, *SMALL_GROUPS)
+    run_pack(spark, demo, out, *SMALL_SHARDS)
     assert (out / "packed" / "manifest.json").read_bytes() == before
     assert {p: p.read_bytes() for p in (out / "packed").rglob("*.parquet")} == files
 
@@ -125,13 +125,13 @@ def test_a_run_killed_before_the_manifest_publishes_nothing(
 
     monkeypatch.setattr(pack, "publish_manifest", killed)
     with pytest.raises(KeyboardInterrupt):
-        run_pack(spark, demo, out, *SMALL_GROUPS)
+        run_pack(spark, demo, out, *SMALL_SHARDS)
     assert list((out / "packed").rglob("*.parquet"))  # shards were written...
     assert not (out / "packed" / "manifest.json").exists()  # ...but nothing is published
     with pytest.raises(report.ReportError):
         report.read_manifest(str(out))
     monkeypatch.undo()
-    run_pack(spark, demo, out, *SMALL_GROUPS)
+    run_pack(spark, demo, out, *SMALL_SHARDS)
     assert shard_hashes(out) == shard_hashes(packed[0])  # the same shards as an uninterrupted run
 
 
@@ -194,7 +194,7 @@ def test_pack_to_s3_matches_the_local_run(spark, demo, tokenized_demo, packed, s
             )
             client.upload_file(str(path), bucket, key)
     out = f"s3://{bucket}/out"
-    overrides = (*SMALL_GROUPS, f"s3.endpoint_override={endpoint}", "s3.scheme=http", "s3.region=us-east-1")
+    overrides = (*SMALL_SHARDS, f"s3.endpoint_override={endpoint}", "s3.scheme=http", "s3.region=us-east-1")
     pack.run(spark, demo_config(demo, out, *overrides))
     m = json.loads(client.get_object(Bucket=bucket, Key="out/packed/manifest.json")["Body"].read())
     assert [s["sha256"] for s in m["shards"]] == shard_hashes(packed[0])
@@ -225,7 +225,6 @@ def test_the_cost_index_has_one_row_per_bin_with_the_shards_figures(packed):
                 "vision_patches": sum(t * p for t, p in frames),
                 "vision_sq_patches": sum(t * p * p for t, p in frames),
                 "supervised_tokens": sum(label != -100 for label in b["labels"]),
-                "group": b["group"],
             }  # fmt: skip
     assert position == len(rows)
 

@@ -21,7 +21,6 @@ def bins(media: list[list[dict]]) -> pa.Table:
                 [4 * sum(m["num_tokens"] for m in items) for items in media], pa.int64()
             ),
             "supervised_tokens": pa.array([7] * n, pa.int32()),
-            "group": pa.array([3] * n, pa.int32()),
             "media": pa.array(media, pa.list_(MEDIA)),
         }
     )
@@ -34,10 +33,9 @@ def test_qwen2_vl_attends_per_temporal_patch():
     assert index.schema.equals(schemas.COST_INDEX)
     assert index.to_pylist() == [
         {"shard": 5, "row": 0, "tokens": 100, "sum_sq_lengths": 1000, "media_items": 2,
-         "vision_patches": 36, "vision_sq_patches": 1 * 24**2 + 3 * 4**2, "supervised_tokens": 7,
-         "group": 3},
+         "vision_patches": 36, "vision_sq_patches": 1 * 24**2 + 3 * 4**2, "supervised_tokens": 7},
         {"shard": 5, "row": 1, "tokens": 200, "sum_sq_lengths": 2000, "media_items": 0,
-         "vision_patches": 0, "vision_sq_patches": 0, "supervised_tokens": 7, "group": 3},
+         "vision_patches": 0, "vision_sq_patches": 0, "supervised_tokens": 7},
     ]  # fmt: skip
 
 
