@@ -121,9 +121,9 @@ def planning_seconds(index: dict, sizes: np.ndarray, model: costs.CostModel, bin
     copies = -(-bins // int(sizes.sum()))
     big = {k: np.tile(v, copies) for k, v in index.items()}
     big_sizes = np.tile(sizes, copies)
+    vision, llm = model.phases(big)
     started = time.perf_counter()
-    key = costs.order_key(*model.phases(big))
-    balance.balanced_plan(key, big_sizes, world, seed=0, epoch=1)
+    balance.balanced_plan(vision, llm, big_sizes, world, seed=0, epoch=1)
     return int(big_sizes.sum()), time.perf_counter() - started
 
 

@@ -14,10 +14,11 @@ Each epoch:
    a round, so rounds differ between epochs) are cut into rounds of ``R``.
 2. In a round each rank takes one row group; position ``j`` of the round is the ``j``-th
    cheapest bin of every rank's row group.
-3. What is left (partial row groups, fewer than ``R`` full ones) is cut into ``R``
-   contiguous runs, each sorted by cost and paired the same way; a rank one bin short
-   gets a filler (a copy of its own costliest bin, labels masked), or with
-   ``drop_remainder`` the odd bins are left out.
+3. What is left (the partial row group, fewer than ``R`` full ones) is cut into ``R``
+   contiguous runs, each sorted by cost and paired by position (with no round at all,
+   the bins are instead cut into positions of neighbours in cost); a short position is
+   completed with fillers (copies of costly bins, labels masked), or with
+   ``drop_remainder`` the odd bins wait for another epoch.
 4. Rounds are ordered by the seed and epoch, positions within a round too, and ranks are
    dealt to row groups at random: the epoch's order is new, the plan a pure function of
    (cost index, cost model, seed, epoch, world size).
@@ -56,7 +57,8 @@ def cost_ranks(key: np.ndarray) -> np.ndarray:
 
 
 def balanced_plan(
-    key: np.ndarray,
+    vision: np.ndarray,
+    llm: np.ndarray,
     unit_sizes: np.ndarray,
     world_size: int,
     seed: int,
@@ -65,11 +67,11 @@ def balanced_plan(
     shuffle: bool = True,
     drop_remainder: bool = False,
 ) -> BalancedPlan:
-    """The epoch's plan. ``key`` (costs.order_key) per bin, in index order; ``unit_sizes``:
-    bins per row group, in the same order."""
+    """The epoch's plan. ``vision`` and ``llm`` cost per bin (CostModel.phases), in index
+    order; ``unit_sizes``: bins per row group, in the same order."""
     rng = np.random.default_rng([seed, epoch, world_size, 17])
     starts = np.concatenate([[0], np.cumsum(unit_sizes)[:-1]]).astype(np.int64)
-    rank = cost_ranks(key)
+    rank = cost_ranks(costs.order_key(vision, llm))
     unit_of_bin = np.repeat(np.arange(len(unit_sizes)), unit_sizes)
     mean_rank = np.bincount(unit_of_bin, weights=rank, minlength=len(unit_sizes)) / np.maximum(unit_sizes, 1)
     per = int(unit_sizes.max()) if len(unit_sizes) else 0
@@ -87,7 +89,16 @@ def balanced_plan(
         bins = np.concatenate([np.arange(starts[u], starts[u] + unit_sizes[u]) for u in leftover])
         blocks.insert(
             int(rng.integers(0, len(blocks) + 1)) if shuffle else len(blocks),
-            _leftover_block(bins, rank, world_size, rng, shuffle, drop_remainder),
+            _leftover_block(
+                bins,
+                unit_of_bin,
+                (rank, vision, llm),
+                world_size,
+                rng,
+                local=len(rounds) > 0,
+                shuffle=shuffle,
+                drop_remainder=drop_remainder,
+            ),
         )
     if shuffle:
         order = rng.permutation(len(blocks))
@@ -113,37 +124,73 @@ def _round_block(
 
 def _leftover_block(
     bins: np.ndarray,
-    rank: np.ndarray,
+    unit_of_bin: np.ndarray,
+    phases: tuple[np.ndarray, np.ndarray, np.ndarray],
     world_size: int,
     rng: np.random.Generator,
+    *,
+    local: bool,
     shuffle: bool,
     drop_remainder: bool,
 ) -> BalancedPlan:
-    """Contiguous runs of ``bins`` (rows of few row groups each), one per rank, each sorted by
-    cost and paired by position; a short run ends with a filler copy of its costliest bin."""
+    """The bins of the row groups left out of rounds (``bins``: row group after row group).
+
+    Beside rounds, what is left is a few row groups: one contiguous run of them per rank,
+    sorted by cost and paired by position, keeps reads local. With no round at all (fewer
+    full row groups than ranks: every rank reads more than it trains anyway) the bins are
+    sorted by their worse phase rank and cut into positions of neighbours, dealt in row
+    group order. A short position is completed with fillers (copies of costly bins), or
+    with ``drop_remainder`` the odd bins (random ones) wait for another epoch.
+    ``phases``: (cost rank, vision, llm) per bin; ``local``: rounds exist."""
+    if drop_remainder:
+        odd = len(bins) % world_size
+        bins = np.delete(bins, rng.choice(len(bins), odd, replace=False) if shuffle else np.arange(odd))
+    rank, vision, llm = phases
+    if local:
+        cut = _runs_cut(bins, rank, world_size)
+    else:
+        worse = np.maximum(cost_ranks(vision), cost_ranks(llm))
+        cut = _neighbours_cut(bins, unit_of_bin, worse, world_size)
+    if shuffle:
+        order = rng.permutation(cut.positions)
+        cut = BalancedPlan(cut.bins[order], cut.filler[order])
+    return cut
+
+
+def _neighbours_cut(
+    bins: np.ndarray, unit_of_bin: np.ndarray, rank: np.ndarray, world_size: int
+) -> BalancedPlan:
+    bins = bins[np.argsort(rank[bins], kind="stable")]
+    positions = -(-len(bins) // world_size)
+    short = positions * world_size - len(bins)
+    filler = np.zeros((positions, world_size), bool)
+    if short:  # copies of the costliest bins
+        bins = np.concatenate([bins, bins[::-1][np.arange(short) % len(bins)]])
+        filler[-1, world_size - short :] = True
+    out = bins.reshape(positions, world_size)
+    deal = np.lexsort((unit_of_bin[out], filler), axis=1)  # real bins first, then by row group
+    return BalancedPlan(np.take_along_axis(out, deal, axis=1), np.take_along_axis(filler, deal, axis=1))
+
+
+def _runs_cut(bins: np.ndarray, rank: np.ndarray, world_size: int) -> BalancedPlan:
     base, extra = divmod(len(bins), world_size)
-    positions = base if drop_remainder else base + (extra > 0)
+    positions = base + (extra > 0)
     out = np.zeros((positions, world_size), np.int64)
     filler = np.zeros((positions, world_size), bool)
     for r in range(world_size):
         start = r * base + min(r, extra)
         run = bins[start : start + base + (r < extra)]
-        if drop_remainder and len(run) > positions:
-            run = np.delete(run, int(rng.integers(0, len(run))) if shuffle else len(run) - 1)
         run = run[np.argsort(rank[run], kind="stable")]
         if len(run) < positions:  # one short: a copy of its costliest bin (or any, if it has none)
-            copy = run[-1] if len(run) else bins[r % len(bins)]
-            run = np.append(run, copy)
+            run = np.append(run, run[-1] if len(run) else bins[r % len(bins)])
             filler[-1, r] = True
         out[:, r] = run
-    if shuffle:
-        order = rng.permutation(positions)
-        out, filler = out[order], filler[order]
     return BalancedPlan(out, filler)
 
 
 def worker_items(
-    key: np.ndarray,
+    vision: np.ndarray,
+    llm: np.ndarray,
     units: list[plan.Unit],
     slot: plan.Slot,
     seed: int,
@@ -155,7 +202,7 @@ def worker_items(
     run per dataloader worker (plan.worker_run), as (row group, row) items."""
     sizes = np.array([u.rows for u in units], np.int64)
     chosen = balanced_plan(
-        key, sizes, slot.world_size, seed, epoch, shuffle=shuffle, drop_remainder=drop_remainder
+        vision, llm, sizes, slot.world_size, seed, epoch, shuffle=shuffle, drop_remainder=drop_remainder
     )
     first, last = plan.worker_run(chosen.positions, slot.worker, slot.num_workers)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -217,7 +264,7 @@ def compare(
     amplification and steps, of today's order ("random") and the balanced plan."""
     plans = {
         "random": random_plan(unit_sizes, world_size, seed, epoch),
-        "balanced": balanced_plan(costs.order_key(vision, llm), unit_sizes, world_size, seed, epoch),
+        "balanced": balanced_plan(vision, llm, unit_sizes, world_size, seed, epoch),
     }
     return {
         name: {

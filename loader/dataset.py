@@ -81,7 +81,7 @@ class PackedDataset(IterableDataset):
         plan.Slot(self.rank, self.world_size)  # validates rank < world size
         self.balance = "cost_index" in self.manifest if balance is None else balance
         self.cost_model = self._cost_model(cost_model) if self.balance else None
-        self._order_key: np.ndarray | None = None
+        self._costs: tuple[np.ndarray, np.ndarray] | None = None
 
     def _cost_model(self, given: costs.CostModel | Mapping[str, Any] | None) -> costs.CostModel:
         if "cost_index" not in self.manifest:
@@ -169,16 +169,18 @@ class PackedDataset(IterableDataset):
         """This reader's items of the epoch, in order."""
         args = (self.seed, self.epoch)
         if self.balance:
-            key = self._key(source)
-            return balance.worker_items(key, self.units, slot, *args, self.shuffle, self.drop_remainder)
+            vision, llm = self._phases(source)
+            return balance.worker_items(
+                vision, llm, self.units, slot, *args, self.shuffle, self.drop_remainder
+            )
         mine = plan.worker_items(self.units, slot, *args, self.shuffle, self.drop_remainder)
         return plan.shuffled(mine, slot, *args, self.shuffle_buffer, self.shuffle)
 
-    def _key(self, source: ShardSource) -> np.ndarray:
-        """Each bin's cost order key, from the cost index (read once)."""
-        if self._order_key is None:
-            self._order_key = costs.order_key(*self.cost_model.phases(source.cost_index()))
-        return self._order_key
+    def _phases(self, source: ShardSource) -> tuple[np.ndarray, np.ndarray]:
+        """Each bin's (vision, llm) cost, from the cost index (read once)."""
+        if self._costs is None:
+            self._costs = self.cost_model.phases(source.cost_index())
+        return self._costs
 
 
 def _as_filler(item: dict[str, Any]) -> dict[str, Any]:

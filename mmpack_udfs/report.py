@@ -152,7 +152,7 @@ def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
     sizes = np.array([min(per, s["rows"] - i) for s in manifest["shards"] for i in range(0, s["rows"], per)])
     plans = {
         "today's order": balance.random_plan(sizes, COST_PLOT_RANKS, 0, 0),
-        "balanced": balance.balanced_plan(costs.order_key(vision, llm), sizes, COST_PLOT_RANKS, 0, 0),
+        "balanced": balance.balanced_plan(vision, llm, sizes, COST_PLOT_RANKS, 0, 0),
     }
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
     for values, label in ((vision, "vision"), (llm, "LLM")):

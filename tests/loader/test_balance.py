@@ -21,7 +21,6 @@ def stratified_layout(bins: int = 3000, per: int = 32, seed: int = 0):
 
 
 VISION, LLM, SIZES = stratified_layout()
-KEY = costs.order_key(VISION, LLM)
 UNITS = [plan.Unit(0, i, int(s)) for i, s in enumerate(SIZES)]
 STARTS = np.concatenate([[0], np.cumsum(SIZES)[:-1]])
 
@@ -32,7 +31,7 @@ def reader_items(world: int, workers: int, epoch: int = 0, drop_remainder: bool 
     for rank in range(world):
         for worker in range(max(workers, 1)):
             slot = plan.Slot(rank, world, worker, max(workers, 1))
-            items = balance.worker_items(KEY, UNITS, slot, 7, epoch, True, drop_remainder)
+            items = balance.worker_items(VISION, LLM, UNITS, slot, 7, epoch, True, drop_remainder)
             out[rank, worker] = [(i.filler, int(STARTS[i.unit] + i.row)) for i in items]
     return out
 
@@ -42,12 +41,12 @@ def reader_items(world: int, workers: int, epoch: int = 0, drop_remainder: bool 
 def test_every_bin_once_and_every_rank_the_same_steps(world, workers):
     items = reader_items(world, workers)
     real = [b for run in items.values() for filler, b in run if not filler]
-    assert sorted(real) == list(range(len(KEY)))  # exactly once
+    assert sorted(real) == list(range(len(VISION)))  # exactly once
     fillers = sum(filler for run in items.values() for filler, _ in run)
-    assert fillers == -len(KEY) % world
+    assert fillers == -len(VISION) % world
     per_rank = {r: [len(items[r, w]) for w in range(max(workers, 1))] for r in range(world)}
     assert len({tuple(v) for v in per_rank.values()}) == 1  # same runs per worker: same batches
-    assert sum(per_rank[0]) == plan.items_per_rank(len(KEY), world, drop_remainder=False)
+    assert sum(per_rank[0]) == plan.items_per_rank(len(VISION), world, drop_remainder=False)
 
 
 @pytest.mark.parametrize("world", [3, 8, 16])
@@ -55,13 +54,13 @@ def test_drop_remainder_trains_each_bin_at_most_once_and_no_filler(world):
     items = reader_items(world, 2, drop_remainder=True)
     bins = [b for run in items.values() for filler, b in run]
     assert not any(filler for run in items.values() for filler, _ in run)
-    assert len(bins) == len(set(bins)) == len(KEY) // world * world
+    assert len(bins) == len(set(bins)) == len(VISION) // world * world
 
 
 def test_the_plan_is_a_pure_function_of_seed_and_epoch_and_epochs_differ():
-    first = balance.balanced_plan(KEY, SIZES, 8, seed=3, epoch=0)
-    again = balance.balanced_plan(KEY, SIZES, 8, seed=3, epoch=0)
-    second = balance.balanced_plan(KEY, SIZES, 8, seed=3, epoch=1)
+    first = balance.balanced_plan(VISION, LLM, SIZES, 8, seed=3, epoch=0)
+    again = balance.balanced_plan(VISION, LLM, SIZES, 8, seed=3, epoch=0)
+    second = balance.balanced_plan(VISION, LLM, SIZES, 8, seed=3, epoch=1)
     assert np.array_equal(first.bins, again.bins)
     assert not np.array_equal(first.bins, second.bins)
     steps = {frozenset(row) for row in first.bins.tolist()}
@@ -70,7 +69,7 @@ def test_the_plan_is_a_pure_function_of_seed_and_epoch_and_epochs_differ():
 
 @pytest.mark.parametrize("world", [4, 8])
 def test_balanced_steps_straggle_far_less_than_todays_order_and_read_locally(world):
-    chosen = balance.balanced_plan(KEY, SIZES, world, seed=0, epoch=0)
+    chosen = balance.balanced_plan(VISION, LLM, SIZES, world, seed=0, epoch=0)
     today = balance.random_plan(SIZES, world, seed=0, epoch=0)
     for cost in (VISION, LLM):
         assert balance.straggler_overhead(cost, chosen, 1) < 0.2 * balance.straggler_overhead(cost, today, 1)
