@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test test-airflow airflow-setup lint dist bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader clean
+.PHONY: setup java demo test test-airflow airflow-setup lint dist bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-balance clean
 
 setup: java $(STAMP)
 
@@ -68,6 +68,9 @@ bench-pack: setup
 
 bench-pack-spark: setup
 	$(BIN)/python bench/bench_pack_spark.py --rows 1000000
+
+bench-balance: setup
+	$(BIN)/python bench/bench_balance.py
 
 bench-loader: setup
 	$(BIN)/python bench/bench_loader.py

@@ -27,6 +27,16 @@ STAGE_COMMANDS = [  # (command, the stages it runs, help)
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     """The options every Spark stage takes (the same for the CLI and spark-submit jobs)."""
+    add_config_file_options(parser, "normalize.max_image_pixels=1e8")
+    parser.add_argument("--out", metavar="DIR|s3://...", help="output root (config key 'output')")
+    parser.add_argument("--run-id", help="run id for idempotent commits (config key 'run_id')")
+    parser.add_argument("--mode", choices=["overwrite", "append"], help="table write mode")
+    parser.add_argument("--master", help="Spark master (default: config spark.master, local[*])")
+    add_verbose_option(parser)
+
+
+def add_config_file_options(parser: argparse.ArgumentParser, example: str) -> None:
+    """--config FILE and repeatable --set KEY=VALUE."""
     parser.add_argument("--config", metavar="FILE", help="YAML config merged over conf/defaults.yaml")
     parser.add_argument(
         "--set",
@@ -34,13 +44,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override one config key, e.g. --set normalize.max_image_pixels=1e8 (repeatable)",
+        help=f"override one config key, e.g. --set {example} (repeatable)",
     )
-    parser.add_argument("--out", metavar="DIR|s3://...", help="output root (config key 'output')")
-    parser.add_argument("--run-id", help="run id for idempotent commits (config key 'run_id')")
-    parser.add_argument("--mode", choices=["overwrite", "append"], help="table write mode")
-    parser.add_argument("--master", help="Spark master (default: config spark.master, local[*])")
-    add_verbose_option(parser)
 
 
 def add_verbose_option(parser: argparse.ArgumentParser) -> None:
@@ -185,15 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bins-per-row-group", type=int, default=32, help="with --index: bins per row group")
     p.add_argument("--seed", type=int, default=0, help="plan seed (default 0); the report is of epoch 0")
     p.add_argument("--json", action="store_true", help="write one JSON object to stdout")
-    p.add_argument("--config", metavar="FILE", help="YAML config (balance.cost_model, s3)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set balance.cost_model.qwen2_vl.llm_pair=1e6",
-    )
+    add_config_file_options(p, "balance.cost_model.qwen2_vl.llm_pair=1e6")
     add_verbose_option(p)
     p.set_defaults(func=run_balance_report)
 

@@ -37,6 +37,7 @@ from mmpack_udfs.stages import runs
 
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"
+BROADCAST_ROWS = 1_000_000  # placements up to this many rows (~50 MB) are broadcast to the join
 COUNT_COLUMNS = ["sample_id", "num_tokens", "image_tokens", "video_tokens", "media"]
 
 WRITTEN = pa.struct(  # shards.WrittenShard
@@ -302,6 +303,7 @@ def published_run(packed_root: str, run_id: str, s3: fs.S3Options | None) -> dic
 
 def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     """Run the stage; return (and write, and print) the summary. Raises PackError."""
+    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     started = time.time()
@@ -328,6 +330,8 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         )
         df = tables.read_table(spark, tokenized_uri, s3, snap=snap).select(*shards.TOKENIZED_COLUMNS)
         task = partial(write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, s3=s3)
+        if counts.num_rows <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
+            placed = F.broadcast(placed)
         by_shard = df.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
         results = [
             r.asDict(recursive=True)
