@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas
+from mmpack_udfs.errors import MmpackError
 
 
-class ShardError(RuntimeError):
+class ShardError(MmpackError, RuntimeError):
     """A manifest or shard is missing, of an unknown format, or not what the manifest says."""
 
 

@@ -17,13 +17,14 @@ import tempfile
 import numpy as np
 from PIL import Image
 
+from mmpack_udfs.constants import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
 from mmpack_udfs.schemas import RGB_CONVERTIBLE_MODES
 
 CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
-PATCH, MERGE, TEMPORAL = 14, 2, 2
+PATCH, MERGE, TEMPORAL = PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE
 
 
 class MediaDecodeError(RuntimeError):

@@ -12,9 +12,10 @@ from functools import partial
 from pathlib import Path
 
 from mmpack_udfs import fs, lock
-from mmpack_udfs.config import ConfigError, load_config
+from mmpack_udfs.config import load_config
+from mmpack_udfs.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK, ConfigError, MmpackError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+__all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "main"]
 PIPELINE = ["normalize", "tokenize", "pack"]
 STAGE_COMMANDS = [  # (command, the stages it runs, help)
     ("run", PIPELINE, "the whole pipeline: normalize → tokenize → pack (+ report)"),
@@ -222,26 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"mmpack: configuration error: {err}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return err.exit_code
+    except MmpackError as err:
+        print(f"mmpack: {err}", file=sys.stderr)
+        return err.exit_code
     except Exception as err:
-        from mmpack_udfs.inputs import InputError
-        from mmpack_udfs.report import ReportError
-        from mmpack_udfs.stages import normalize, pack, tokenize, validate
-        from mmpack_udfs.tables import TableError
-
-        failures = (
-            lock.OutputLockedError,
-            InputError,
-            TableError,
-            ReportError,
-            pack.PackError,
-            validate.ValidationError,
-            normalize.ReconciliationError,
-            tokenize.ReconciliationError,
-        )
-        if isinstance(err, failures):
-            print(f"mmpack: {err}", file=sys.stderr)
-            return EXIT_FAILED
         if getattr(args, "verbose", False):
             raise
         print(f"mmpack: {operational_failure(err)}", file=sys.stderr)

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from mmpack_udfs.errors import ConfigError
+
 CONF_DIR = Path(os.environ.get("MMPACK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
 FREE_FORM_KEYS = {"spark.conf"}  # maps whose keys contain dots (Spark settings)
 OPEN_MAPS = FREE_FORM_KEYS | {
@@ -25,10 +27,6 @@ OPEN_MAPS = FREE_FORM_KEYS | {
 }  # maps that accept new keys (a new model profile)
 SPARK_LOG_LEVELS = {"ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN"}
 DATASET_KEYS = {"name", "paths", "format", "dialect", "columns", "tags", "media_root"}
-
-
-class ConfigError(ValueError):
-    """A configuration problem a user can fix; the message says what and where."""
 
 
 def load_config(

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs
+from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.sharegpt import DatasetSpec
 
 FORMATS_BY_EXTENSION = {
@@ -56,7 +57,7 @@ RAW = pa.schema(
 )
 
 
-class InputError(ValueError):
+class InputError(MmpackError, ValueError):
     """Input files that cannot be planned (none found, unknown format)."""
 
 

@@ -26,11 +26,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 
 from mmpack_udfs import fs
+from mmpack_udfs.errors import MmpackError
 
 LOCK_NAME = "_mmpack_lock.json"
 
 
-class OutputLockedError(RuntimeError):
+class OutputLockedError(MmpackError, RuntimeError):
     """Another run holds the output root."""
 
 

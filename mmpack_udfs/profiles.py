@@ -29,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
+from mmpack_udfs.constants import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
 from mmpack_udfs.reasons import Reason, Rejected
 
 
@@ -153,7 +154,7 @@ class Qwen2VL(Profile):
         "image": MediaTokens(("<|vision_start|>",), "<|image_pad|>", ("<|vision_end|>",)),
         "video": MediaTokens(("<|vision_start|>",), "<|video_pad|>", ("<|vision_end|>",)),
     }
-    patch_size, merge_size, temporal_patch_size = 14, 2, 2
+    patch_size, merge_size, temporal_patch_size = PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE
 
     def _resize(self, height: int, width: int, limits: Mapping[str, int]) -> tuple[int, int]:
         try:

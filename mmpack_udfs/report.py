@@ -17,13 +17,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas
+from mmpack_udfs.errors import MmpackError
 
 REPORT_NAME = "pack.json"
 FILL_PLOT, LENGTHS_PLOT, COST_PLOT = "bin_fill.png", "lengths.png", "bin_cost.png"
 COST_PLOT_RANKS = 8
 
 
-class ReportError(RuntimeError):
+class ReportError(MmpackError, RuntimeError):
     """There is no published packing to report on."""
 
 

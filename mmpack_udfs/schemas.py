@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from mmpack_udfs import fs
+from mmpack_udfs.errors import MmpackError
 
 # Turn texts in the samples table mark media with these placeholders, whatever the input used.
 IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER = "<image>", "<video>"
@@ -191,7 +192,7 @@ def manifest_uri(output: str) -> str:
     return fs.join(packed_uri(output), MANIFEST_NAME)
 
 
-class ManifestError(RuntimeError):
+class ManifestError(MmpackError, RuntimeError):
     """No manifest, an unreadable one, or one of another format or format version."""
 
 

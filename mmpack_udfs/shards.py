@@ -17,8 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas
-
-VISION_PATCHES_PER_TOKEN = 4  # both profiles merge 2 x 2 patches of 14 px into one token
+from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 
 # What the pack stage needs from the tokenized table.
 TOKENIZED_COLUMNS = [

@@ -27,6 +27,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from mmpack_udfs import fs
+from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.spark import one_task_per_row
 
 WRITTEN_FILE = pa.schema(
@@ -39,7 +40,7 @@ WRITTEN_FILE = pa.schema(
 )
 
 
-class TableError(RuntimeError):
+class TableError(MmpackError, RuntimeError):
     """A Delta table that cannot be read or written correctly."""
 
 

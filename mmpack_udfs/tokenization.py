@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 
 from mmpack_udfs import tokenizer as tokenizers
+from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.profiles import MediaPlan, Profile, make_profile
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
 
-IGNORE = -100
 MODEL_SIDE = {"assistant", "function_call"}
 TEMPLATE_ROLE = {"function_call": "assistant"}
 PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")

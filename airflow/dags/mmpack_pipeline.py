@@ -95,7 +95,7 @@ def manifest_location(output: str) -> str:
 
 
 class ValidateShardsOperator(SparkSubmitOperator):
-    """spark-submit jobs/validate.py; on success, an event on MANIFEST_ASSET naming the manifest."""
+    """spark-submit jobs/mmpack_job.py validate; on success, an event on MANIFEST_ASSET naming it."""
 
     def execute(self, context: Any) -> None:
         super().execute(context)
@@ -110,16 +110,16 @@ class ValidateShardsOperator(SparkSubmitOperator):
 
 
 def spark_stage(stage: str, task_id: str, operator: type[SparkSubmitOperator] = SparkSubmitOperator, **kw):
-    """One pipeline stage as a spark-submit of jobs/<stage>.py with the executor zip."""
+    """One pipeline stage as a spark-submit of jobs/mmpack_job.py <stage> with the executor zip."""
     return operator(
         task_id=task_id,
         conn_id=SPARK_CONN_ID,
-        application=str(MMPACK_HOME / "jobs" / f"{stage}.py"),
+        application=str(MMPACK_HOME / "jobs" / "mmpack_job.py"),
         py_files=str(MMPACK_HOME / "dist" / "mmpack_udfs.zip"),
         archives=SPARK_ARCHIVES,
         conf={"spark.pyspark.python": SPARK_PYTHON} if SPARK_PYTHON else None,
         name=f"mmpack-{stage}",
-        application_args=STAGE_ARGS,
+        application_args=[stage, *STAGE_ARGS],
         execution_timeout=TIMEOUTS[task_id],
         **kw,
     )

@@ -30,7 +30,8 @@ def test_tasks_run_in_order_each_a_spark_submit_of_its_job(dag):
     for task_id, job in STAGES.items():
         task = dag.get_task(task_id)
         assert isinstance(task, SparkSubmitOperator)
-        assert task.application == str(REPO / "jobs" / f"{job}.py")
+        assert task.application == str(REPO / "jobs" / "mmpack_job.py")
+        assert task.application_args[0] == job
         assert task.py_files == str(REPO / "dist" / "mmpack_udfs.zip")
         assert task._conn_id == "mmpack_spark"
         assert task.conf == {"spark.pyspark.python": os.environ["MMPACK_PYTHON"]}

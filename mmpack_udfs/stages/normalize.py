@@ -16,15 +16,12 @@ from typing import Any
 
 from mmpack_udfs import fs, inputs, records, schemas, tables
 from mmpack_udfs.config import ConfigError, config_hash
+from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.sharegpt import DatasetSpec
 from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages import runs
 
 REPORT_NAME = "normalize.json"
-
-
-class ReconciliationError(RuntimeError):
-    """Rows read did not equal samples + quarantined + duplicates."""
 
 
 def derive_run_id(config: Mapping[str, Any], files: list[inputs.InputFile]) -> str:

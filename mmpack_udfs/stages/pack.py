@@ -32,6 +32,8 @@ import pyarrow.compute as pc
 import mmpack_udfs
 from mmpack_udfs import costs, fs, report, schemas, shards, tables
 from mmpack_udfs.config import config_hash
+from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
+from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.packing import first_fit_decreasing
 from mmpack_udfs.stages import runs
 
@@ -64,7 +66,7 @@ PLACEMENT = pa.schema([("sample_id", pa.string()), ("shard", pa.int32()), ("bin_
                        ("position", pa.int32())])  # fmt: skip
 
 
-class PackError(RuntimeError):
+class PackError(MmpackError, RuntimeError):
     """The pack job cannot run as configured (e.g. samples over the budget) or did not reconcile."""
 
 
@@ -103,7 +105,7 @@ class PackSettings:
             return shards.list_lengths(rows.column("media"))
         if self.second_by == "vision_patches":
             vision = rows.column("image_tokens").to_numpy() + rows.column("video_tokens").to_numpy()
-            return vision.astype(np.int64) * shards.VISION_PATCHES_PER_TOKEN
+            return vision.astype(np.int64) * VISION_PATCHES_PER_TOKEN
         return None
 
     def oversize_mask(self, lengths: np.ndarray, second: np.ndarray | None) -> np.ndarray:
@@ -213,7 +215,7 @@ def cost_stratified_order(counts: pa.Table, packing, settings: PackSettings) -> 
     figures = {
         "tokens": per_bin(tokens),
         "sum_sq_lengths": per_bin(tokens * tokens),
-        "vision_patches": per_bin(vision_tokens.astype(np.int64) * shards.VISION_PATCHES_PER_TOKEN),
+        "vision_patches": per_bin(vision_tokens.astype(np.int64) * VISION_PATCHES_PER_TOKEN),
         "vision_sq_patches": per_bin(squares),
     }
     vision, llm = settings.cost_model.phases(figures)

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages import runs
 from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_tokenizer
@@ -46,10 +47,6 @@ UNIT_RESULT = pa.schema(
         ("seconds", pa.float64()),  # the whole unit: read, tokenize, write
     ]
 )
-
-
-class ReconciliationError(RuntimeError):
-    """Samples read did not equal samples tokenized + samples quarantined."""
 
 
 def plan_units(files: list[str], rows_per_unit: int, s3: fs.S3Options | None) -> list[dict]:

@@ -8,7 +8,7 @@
             bin or listed in report/pack_skipped.json, and nothing else is;
             write report/validate.json, print a summary, fail naming the problems
 
-Run by ``mmpack validate`` and ``jobs/validate.py`` (the DAG's validate-shards task).
+Run by ``mmpack validate`` and ``jobs/mmpack_job.py validate`` (the DAG's validate-shards task).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs import costs, fs, schemas, tables
+from mmpack_udfs.constants import IGNORE_INDEX
+from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.shards import list_lengths, owner_of_elements
 from mmpack_udfs.spark import one_task_per_row
 from mmpack_udfs.stages.pack import SKIPPED_NAME
@@ -33,12 +35,11 @@ from mmpack_udfs.stages.pack import SKIPPED_NAME
 REPORT_NAME = "validate.json"
 EXAMPLES = 5  # bins or ids quoted per problem
 MAX_PROBLEMS = 100  # problems kept in the report (the count is always exact)
-IGNORE_INDEX = -100
 
 CHECKED = pa.schema([("shard", pa.string()), ("sample_id", pa.string()), ("problem", pa.string())])
 
 
-class ValidationError(RuntimeError):
+class ValidationError(MmpackError, RuntimeError):
     """The published packing does not match its manifest or its source."""
 
 

@@ -21,8 +21,8 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 
 def submit(job: str, dist: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    job_file = str(ROOT / "jobs" / f"{job}.py")
-    command = [str(SPARK_SUBMIT), "--master", "local[2]", "--py-files", str(dist), job_file]
+    job_file = str(ROOT / "jobs" / "mmpack_job.py")
+    command = [str(SPARK_SUBMIT), "--master", "local[2]", "--py-files", str(dist), job_file, job]
     return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -63,7 +63,8 @@ def test_the_venv_spark_submit_works_by_absolute_path_without_path(demo, tmp_pat
         "local[1]",
         "--py-files",
         str(dist),
-        str(ROOT / "jobs" / "tokenize.py"),
+        str(ROOT / "jobs" / "mmpack_job.py"),
+        "tokenize",
     ]
     args = ["--config", str(demo.config), "--set", "pack.budget=-1"]
     result = subprocess.run([*job, *args], env=bare, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,11 @@
+"""Numbers every side of the pipeline must agree on: the Spark stages that write shards,
+the validator that checks them and the loader that feeds a model from them."""
+
+from __future__ import annotations
+
+IGNORE_INDEX = -100  # the label of a token that is not trained (transformers' ignore_index)
+
+PATCH_SIZE = 14  # vision encoder patch side, in pixels (Qwen2-VL and InternVL)
+MERGE_SIZE = 2  # patches merged per side into one LLM token
+TEMPORAL_PATCH_SIZE = 2  # Qwen2-VL: video frames (or a repeated image) per temporal patch
+VISION_PATCHES_PER_TOKEN = MERGE_SIZE * MERGE_SIZE
