@@ -76,6 +76,8 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
 
     modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack, "validate": validate}
     config = config_from_args(args)
+    if "tokenize" in stages:  # a tokenizer that cannot render the profile fails before Spark starts
+        tokenize.TokenizeSettings.from_config(config)
     with locked_output(config, stages):  # one writer per root
         spark = get_spark(config["spark"], args.master)
         started = time.time()

@@ -104,10 +104,36 @@ def apply_override(config: dict[str, Any], item: str) -> dict[str, Any]:
         value = raw  # e.g. "a: b #c" or "[x": text, not YAML
     if isinstance(value, str) and not _quoted(raw):
         value = raw.strip()
+    path = _key_path(dotted.strip())
+    value = _as_type_of(_current(config, path), value)
     update: Any = value
-    for part in reversed(_key_path(dotted.strip())):
+    for part in reversed(path):
         update = {part: update}
     return merge(config, update, where=f"--set {item}")
+
+
+def _current(config: Mapping[str, Any], path: list[str]) -> Any:
+    """The value at ``path`` now (None where there is none)."""
+    node: Any = config
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _as_type_of(current: Any, value: Any) -> Any:
+    """``value`` as a number when the key holds one and the text is one: YAML reads ``1e8``
+    as text, ``--set normalize.max_image_pixels=1e8`` means 100000000."""
+    if not isinstance(value, str) or isinstance(current, bool) or not isinstance(current, int | float):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value  # validation names the key and the expected type
+    if isinstance(current, int) and number.is_integer():
+        return int(number)
+    return number if isinstance(current, float) else value
 
 
 def _quoted(raw: str) -> bool:

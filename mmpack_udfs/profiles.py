@@ -11,7 +11,9 @@
   tile wrapped in ``<img>`` … ``</img>``; a video is ``frames`` uniformly sampled frames
   of one tile each, in one ``<img>`` … ``</img>`` span.
 
-Both render turns as ChatML (``<|im_start|>role\\n…<|im_end|>\\n``).
+Each profile owns its chat format (``Profile.chat``): both render turns as ChatML
+(``<|im_start|>role\\n…<|im_end|>\\n``). The tokenize stage checks on the driver, before
+Spark starts, that the tokenizer has every token the profile renders.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ class MediaPlan:
 
 
 @dataclass(frozen=True)
+class ChatFormat:
+    """How a turn is rendered: ``turn_start + role + separator + text + turn_end + separator``."""
+
+    turn_start: str = "<|im_start|>"
+    turn_end: str = "<|im_end|>"
+    separator: str = "\n"  # after the role header and after every turn
+
+
+@dataclass(frozen=True)
 class MediaTokens:
     """The literal tokens around a media span and the pad token repeated inside it."""
 
@@ -57,6 +68,7 @@ class Profile:
     """A model's rendering rules. Subclasses decide the media token counts."""
 
     kind = ""
+    chat: ClassVar[ChatFormat] = ChatFormat()  # ChatML
     media_tokens: ClassVar[dict[str, MediaTokens]] = {}
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
@@ -66,7 +78,8 @@ class Profile:
         self._plans: dict[tuple, MediaPlan] = {}
 
     def special_tokens(self) -> set[str]:
-        tokens = {"<|im_start|>", "<|im_end|>"}
+        """Every token the profile inserts by id: its chat format's and its media wrappers'."""
+        tokens = {self.chat.turn_start, self.chat.turn_end}
         for m in self.media_tokens.values():
             tokens |= {*m.before, m.pad, *m.after}
         return tokens

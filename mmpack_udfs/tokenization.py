@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from mmpack_udfs import tokenizer as tokenizers
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
+from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.profiles import MediaPlan, Profile, make_profile
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
@@ -48,9 +49,11 @@ class TokenizeSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TokenizeSettings:
+        """The settings, with the tokenizer resolved and checked against the profile (on the
+        driver: a mismatch is a ConfigError, not an executor traceback)."""
         section = config["tokenize"]
         path = tokenizers.resolve_path(section["tokenizer"])
-        return cls(
+        settings = cls(
             tokenizer_path=path,
             profile_name=section["profile"],
             profile=dict(config["profiles"][section["profile"]]),
@@ -59,6 +62,21 @@ class TokenizeSettings:
             loss=section["loss"],
             tokenizer_json=tokenizers.json_matches_auto(path),
         )
+        settings.check_tokenizer()
+        return settings
+
+    def check_tokenizer(self) -> None:
+        """Raise ConfigError naming the tokens of the profile's chat format and media spans
+        that the tokenizer lacks."""
+        backend = tokenizers.load_backend(self.tokenizer_path, self.tokenizer_json)
+        profile = make_profile(self.profile_name, self.profile)
+        missing = sorted(t for t in profile.special_tokens() if backend.token_to_id(t) is None)
+        if missing:
+            raise ConfigError(
+                f"tokenize.tokenizer: {self.tokenizer_path} has no token {', '.join(missing)}, which "
+                f"profile '{self.profile_name}' (tokenize.profile) renders turns or media with; use "
+                "a tokenizer of that model family or a profile that matches the tokenizer"
+            )
 
 
 class Piece(NamedTuple):
@@ -120,20 +138,21 @@ class SampleTokenizer:
         self, system: str | None, turns: Sequence[Mapping[str, str]], plans: Sequence[MediaPlan]
     ) -> list[Piece]:
         """The pieces of one conversation; media plans are consumed in placeholder order."""
-        im_start, im_end = (self.special["<|im_start|>"],), (self.special["<|im_end|>"],)
-        newline = self._constant("\n")
+        chat = self.profile.chat
+        im_start, im_end = (self.special[chat.turn_start],), (self.special[chat.turn_end],)
+        newline = self._constant(chat.separator)
         pieces: list[Piece] = []
         if system is None:
             system = self.profile.default_system
         if system is not None:
-            head = f"system\n{system}"
+            head = f"system{chat.separator}{system}"
             body = Piece(None, self._constant(head)) if system == self.profile.default_system else Piece(head)
             pieces += [Piece(None, im_start), body, Piece(None, im_end), Piece(None, newline)]
         supervised = self._supervised_turns(turns)
         next_media = 0
         for t, turn in enumerate(turns):
             sup = t in supervised
-            header = TEMPLATE_ROLE.get(turn["role"], turn["role"]) + "\n"
+            header = TEMPLATE_ROLE.get(turn["role"], turn["role"]) + chat.separator
             pieces.append(Piece(None, im_start, turn=t))
             text = turn["text"]
             parts = PLACEHOLDER.split(text) if "<" in text else (text,)

@@ -120,3 +120,37 @@ def test_a_missing_s3_bucket_is_one_line_that_says_what_to_check(s3_server, caps
     assert cli.main(["gc", "--out", "s3://no-such-bucket-here/run", *s3]) == cli.EXIT_FAILED
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "check the bucket name" in lines[0], lines
+
+
+def test_numbers_given_as_text_are_read_as_the_keys_type():
+    from mmpack_udfs.config import load_config
+
+    config = load_config(None, ["normalize.max_image_pixels=1e8", "normalize.split_bytes=6.4e7"])
+    assert config["normalize"]["max_image_pixels"] == 100_000_000
+    assert isinstance(config["normalize"]["max_image_pixels"], int)
+    assert config["normalize"]["split_bytes"] == 64_000_000
+
+
+def test_a_wrong_type_names_the_key(capsys, tmp_path):
+    assert cli.main(["pack", "--out", str(tmp_path), "--set", "pack.bins_per_shard=1.5"]) == 2
+    assert "pack.bins_per_shard must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_tokenizer_without_the_profiles_chat_tokens_exits_2_before_spark(capsys, tmp_path, monkeypatch):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    plain = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    plain.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "plain-tokenizer"
+    folder.mkdir()
+    plain.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark must not start")
+
+    monkeypatch.setattr("mmpack_udfs.spark.get_spark", no_spark)
+    code = cli.main(["tokenize", "--out", str(tmp_path / "out"), "--set", f"tokenize.tokenizer={folder}"])
+    assert code == cli.EXIT_BAD_CONFIG
+    err = capsys.readouterr().err
+    assert "tokenize.tokenizer" in err and "<|im_start|>" in err and "profile 'qwen2_vl'" in err
