@@ -2,7 +2,9 @@
 
     python tools/make_dist.py [DIST_DIR]
 
-The zip holds the ``mmpack_udfs`` package (sources only) and the config defaults as
+The zip holds the ``mmpack_udfs`` and ``loader`` packages (sources only; the pack report
+and ``balance-report`` plan epochs with ``loader.balance``, which needs no torch) and
+the config defaults as
 ``mmpack_udfs/conf/defaults.yaml`` (config.py reads them from there when the package is
 imported from the zip). Entries are sorted and time-stamped 1980-01-01, so the same
 sources give the same bytes.
@@ -20,7 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def build(dist: Path) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     target = dist / "mmpack_udfs.zip"
-    files = sorted(p for p in (ROOT / "mmpack_udfs").rglob("*.py") if "__pycache__" not in p.parts)
+    files = sorted(
+        p
+        for package in ("mmpack_udfs", "loader")
+        for p in (ROOT / package).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
     entries = [(p, p.relative_to(ROOT).as_posix()) for p in files]
     entries.append((ROOT / "conf" / "defaults.yaml", "mmpack_udfs/conf/defaults.yaml"))
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
