@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,13 +33,14 @@ from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_t
 REPORT_NAME = "tokenize.json"
 BATCH_ROWS = 1024  # samples per tokenizer call: larger batches amortize per-call and GC costs
 UNIT = pa.schema([("index", pa.int32()), ("uri", pa.string()), ("start", pa.int64()), ("rows", pa.int64())])
+PART = pa.struct(  # a Parquet part file written for a table (tables.write_part); null: none
+    [("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("modification_time", pa.int64())]
+)
 UNIT_RESULT = pa.schema(
     [
-        ("table", pa.string()),
-        ("path", pa.string()),
-        ("size", pa.int64()),
-        ("rows", pa.int64()),
-        ("modification_time", pa.int64()),
+        ("index", pa.int32()),
+        ("tokenized", PART),
+        ("quarantine", PART),
         ("rows_in", pa.int64()),
         ("parents", pa.int64()),
         ("setup_seconds", pa.float64()),  # loading the tokenizer in a new Python worker
@@ -91,78 +92,86 @@ def derive_run_id(
     return runs.run_id_from("tokenize", relevant)
 
 
-def tokenize_units(
-    batches: Iterator[pa.RecordBatch],
-    settings: TokenizeSettings,
-    tokenized_uri: str,
-    quarantine_uri: str,
-    tag: str,
-    s3: fs.S3Options | None,
-) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: for each unit, tokenize its rows and write its two part files."""
-    started = time.perf_counter()
-    tokenizer = worker_tokenizer(settings)
-    setup = time.perf_counter() - started
-    for batch in batches:
-        for unit in batch.to_pylist():
-            yield _tokenize_unit(unit, tokenizer, tokenized_uri, quarantine_uri, tag, s3, setup)
-            setup = 0.0
+@dataclass
+class _Tally:
+    """What one unit's reading and tokenizing counted."""
+
+    rows_in: int = 0
+    tokenize_seconds: float = 0.0
+    parents: set[str] = field(default_factory=set)
+    quarantined: list[dict] = field(default_factory=list)
 
 
-def _tokenize_unit(unit, tokenizer, tokenized_uri, quarantine_uri, tag, s3, setup) -> pa.RecordBatch:
-    started = time.perf_counter()
-    name = f"part-{unit['index']:05d}-{tag}.parquet"
-    rows_in, parents, quarantined = 0, set(), []
-    tokenizing = 0.0
+class UnitTask:
+    """The tokenize task: ``setup`` once per Python worker (the tokenizer), ``process`` per
+    unit (a row range of a samples file → one part file per output table)."""
 
-    def tokenized_batches():
-        nonlocal rows_in, tokenizing
-        filesystem, path = fs.filesystem(unit["uri"], s3)
+    def __init__(
+        self,
+        settings: TokenizeSettings,
+        tokenized_uri: str,
+        quarantine_uri: str,
+        tag: str,
+        s3: fs.S3Options | None,
+    ) -> None:
+        self.settings, self.tokenized_uri, self.quarantine_uri = settings, tokenized_uri, quarantine_uri
+        self.tag, self.s3 = tag, s3
+        self.tokenizer = None
+        self.setup_seconds = 0.0
+
+    def setup(self) -> None:
+        started = time.perf_counter()
+        self.tokenizer = worker_tokenizer(self.settings)
+        self.setup_seconds = time.perf_counter() - started
+
+    def process(self, unit: Mapping[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        name = f"part-{unit['index']:05d}-{self.tag}.parquet"
+        tally = _Tally()
+        written = tables.write_part(
+            self.tokenized_uri, name, self._tokenized(unit, tally), schemas.TOKENIZED, self.s3
+        )
+        rejected = pa.RecordBatch.from_pylist(tally.quarantined, schema=schemas.TOKENIZE_QUARANTINE)
+        quarantine = tables.write_part(
+            self.quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, self.s3
+        )
+        if tally.rows_in != unit["rows"]:
+            raise RuntimeError(f"{unit['uri']}: read {tally.rows_in} rows, expected {unit['rows']}")
+        result = {
+            "index": unit["index"],
+            "tokenized": written,
+            "quarantine": quarantine,
+            "rows_in": tally.rows_in,
+            "parents": len(tally.parents),
+            "setup_seconds": self.setup_seconds,
+            "tokenize_seconds": tally.tokenize_seconds,
+            "seconds": time.perf_counter() - started,
+        }
+        self.setup_seconds = 0.0  # counted once per worker
+        return result
+
+    def _tokenized(self, unit: Mapping[str, Any], tally: _Tally) -> Iterator[pa.RecordBatch]:
+        """The unit's tokenized rows, batch by batch; rejected rows and counts go to ``tally``."""
+        filesystem, path = fs.filesystem(unit["uri"], self.s3)
         with filesystem.open_input_file(path) as f:
             for rows in read_rows(pq.ParquetFile(f), unit["start"], unit["rows"], BATCH_ROWS):
                 samples = rows.to_pylist()
-                rows_in += len(samples)
+                tally.rows_in += len(samples)
                 begin = time.perf_counter()
-                done, rejected = tokenizer.tokenize(samples)
-                tokenizing += time.perf_counter() - begin
-                quarantined.extend(rejected)
-                parents.update(r.parent_id for r in done)
+                done, rejected = self.tokenizer.tokenize(samples)
+                tally.tokenize_seconds += time.perf_counter() - begin
+                tally.quarantined.extend(rejected)
+                tally.parents.update(r.parent_id for r in done)
                 if done:
                     yield to_record_batch(done)
 
-    written = tables.write_part(tokenized_uri, name, tokenized_batches(), schemas.TOKENIZED, s3)
-    rejected = pa.RecordBatch.from_pylist(quarantined, schema=schemas.TOKENIZE_QUARANTINE)
-    written_q = tables.write_part(quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, s3)
-    if rows_in != unit["rows"]:
-        raise RuntimeError(f"{unit['uri']}: read {rows_in} rows, expected {unit['rows']}")
-    seconds = {
-        "setup_seconds": setup,
-        "tokenize_seconds": tokenizing,
-        "seconds": time.perf_counter() - started,
-    }
-    results = [
-        {
-            "table": "tokenized",
-            **(written or _nothing(name)),
-            "rows_in": rows_in,
-            "parents": len(parents),
-            **seconds,
-        },
-        {
-            "table": "tokenize_quarantine",
-            **(written_q or _nothing(name)),
-            "rows_in": 0,
-            "parents": 0,
-            "setup_seconds": 0.0,
-            "tokenize_seconds": 0.0,
-            "seconds": 0.0,
-        },
-    ]
-    return pa.RecordBatch.from_pylist(results, schema=UNIT_RESULT)
 
-
-def _nothing(name: str) -> dict:
-    return {"path": name, "size": 0, "rows": 0, "modification_time": 0}
+def tokenize_units(batches: Iterator[pa.RecordBatch], task: UnitTask) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: set the task up once, then process each unit of the partition."""
+    task.setup()
+    for batch in batches:
+        for unit in batch.to_pylist():
+            yield pa.RecordBatch.from_pylist([task.process(unit)], schema=UNIT_RESULT)
 
 
 def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,19 +199,19 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     results: list[dict] = []
     if units:
         unit_df = one_task_per_row(spark, pa.Table.from_pylist(units, schema=UNIT))
-        task = partial(
-            tokenize_units,
-            settings=settings,
-            tokenized_uri=out_uris["tokenized"],
-            quarantine_uri=out_uris["tokenize_quarantine"],
-            tag=tables.run_tag(run_id),
-            s3=s3,
+        task = UnitTask(
+            settings, out_uris["tokenized"], out_uris["tokenize_quarantine"], tables.run_tag(run_id), s3
         )
-        results = [r.asDict() for r in unit_df.mapInArrow(task, from_arrow_schema(UNIT_RESULT)).collect()]
+        body = partial(tokenize_units, task=task)
+        results = [
+            r.asDict(recursive=True)
+            for r in unit_df.mapInArrow(body, from_arrow_schema(UNIT_RESULT)).collect()
+        ]
     tasks_done = time.time()
     commits = {}
     for name, uri in out_uris.items():
-        written = [r for r in results if r["table"] == name and r["rows"] > 0]
+        key = "tokenized" if name == "tokenized" else "quarantine"
+        written = [r[key] for r in sorted(results, key=lambda r: r["index"]) if r[key] and r[key]["rows"] > 0]
         rows = sum(r["rows"] for r in written)
         schema = schemas.TABLES[name]
         version = tables.commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, s3=s3)
