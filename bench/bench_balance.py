@@ -20,18 +20,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine
-from loader import balance
+from loader import balance, plan
 from mmpack_udfs import config as mmconfig
 from mmpack_udfs import costs
+from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 from mmpack_udfs.packing import first_fit_decreasing
 
 TILE = 256  # InternVL tokens per tile
-PATCHES_PER_TOKEN = 4
 VIDEO_FRAME_PATCHES = 26 * 46  # a 364 x 644 frame: 1,196 patches of 14 px per temporal patch
 
 
@@ -40,8 +39,8 @@ def internvl_mix(samples: int, seed: int) -> dict[str, np.ndarray]:
     tiles = np.where(rng.random(samples) < 0.3, 0, rng.integers(1, 7, samples))
     length = np.exp(rng.uniform(np.log(100), np.log(2500), samples)).astype(np.int64)
     length = np.maximum(length, tiles * TILE + 20)
-    patches = tiles * TILE * PATCHES_PER_TOKEN
-    return {"tokens": length, "patches": patches, "sq_patches": tiles * (TILE * PATCHES_PER_TOKEN) ** 2}
+    tile_patches = TILE * VISION_PATCHES_PER_TOKEN
+    return {"tokens": length, "patches": tiles * tile_patches, "sq_patches": tiles * tile_patches**2}
 
 
 def long_context_mix(samples: int, seed: int) -> dict[str, np.ndarray]:
@@ -49,8 +48,8 @@ def long_context_mix(samples: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     video = rng.random(samples) < 0.25
     wanted = np.exp(rng.uniform(np.log(2000), np.log(30000), samples))
-    grid_t = np.maximum((wanted * PATCHES_PER_TOKEN / VIDEO_FRAME_PATCHES).astype(np.int64), 1)
-    video_tokens = grid_t * VIDEO_FRAME_PATCHES // PATCHES_PER_TOKEN
+    grid_t = np.maximum((wanted * VISION_PATCHES_PER_TOKEN / VIDEO_FRAME_PATCHES).astype(np.int64), 1)
+    video_tokens = grid_t * VIDEO_FRAME_PATCHES // VISION_PATCHES_PER_TOKEN
     text = np.exp(rng.uniform(np.log(100), np.log(6000), samples)).astype(np.int64)
     tokens = np.where(video, video_tokens + rng.integers(50, 500, samples), text)
     patches = np.where(video, grid_t * VIDEO_FRAME_PATCHES, 0)
@@ -76,22 +75,11 @@ def pack_like_mmpack(
     packing = first_fit_decreasing(
         samples["tokens"], budget, second=second, second_budget=second_budget, oversize="skip"
     )
-    packed = packing.bin_of >= 0
-
-    def per_bin(values: np.ndarray) -> np.ndarray:
-        weights = values[packed].astype(np.float64)
-        return np.bincount(packing.bin_of[packed], weights=weights, minlength=packing.num_bins).astype(
-            np.int64
-        )
-
-    figures = {
-        "tokens": per_bin(samples["tokens"]),
-        "sum_sq_lengths": per_bin(samples["tokens"] ** 2),
-        "vision_patches": per_bin(samples["patches"]),
-        "vision_sq_patches": per_bin(samples["sq_patches"]),
-    }
-    tie = np.random.default_rng(seed).permutation(packing.num_bins)
-    order = costs.stratified_order(costs.order_key(*model.phases(figures)), per_row_group, tie)
+    vision_tokens = samples["patches"] // VISION_PATCHES_PER_TOKEN
+    figures = costs.bin_figures(
+        packing.bin_of, packing.num_bins, samples["tokens"], vision_tokens, samples["sq_patches"]
+    )
+    order = costs.write_order(figures, model, per_row_group, seed)
     sizes = []
     for first in range(0, len(order), per_shard):
         rows = min(per_shard, len(order) - first)
@@ -104,9 +92,8 @@ def demo_index(out: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str] | Non
     if not manifest_path.exists():
         return None
     manifest = json.loads(manifest_path.read_text())
-    table = pq.read_table(out / "packed" / manifest["cost_index"]["path"])
-    per = manifest["bins_per_row_group"]
-    sizes = [min(per, s["rows"] - i) for s in manifest["shards"] for i in range(0, s["rows"], per)]
+    table = costs.read_index(str(out / "packed"), manifest, None)
+    sizes = [u.rows for u in plan.units_of(manifest["shards"], manifest["bins_per_row_group"])]
     index = {name: table[name].to_numpy() for name in table.column_names}
     return index, np.array(sizes, np.int64), manifest["profile"]
 

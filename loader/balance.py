@@ -32,6 +32,7 @@ import numpy as np
 
 from loader import plan
 from mmpack_udfs import costs
+from mmpack_udfs.shards import owner_of_elements
 
 ROUND_JITTER = 0.5  # in rounds: how far a row group may move between rounds, epoch to epoch
 
@@ -47,6 +48,12 @@ class BalancedPlan:
     @property
     def positions(self) -> int:
         return self.bins.shape[0]
+
+
+def row_groups(unit_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first bin of each row group, the row group of each bin), bins in index order."""
+    starts = np.concatenate([[0], np.cumsum(unit_sizes)[:-1]]).astype(np.int64)
+    return starts, owner_of_elements(unit_sizes)
 
 
 def cost_ranks(key: np.ndarray) -> np.ndarray:
@@ -70,9 +77,8 @@ def balanced_plan(
     """The epoch's plan. ``vision`` and ``llm`` cost per bin (CostModel.phases), in index
     order; ``unit_sizes``: bins per row group, in the same order."""
     rng = np.random.default_rng([seed, epoch, world_size, 17])
-    starts = np.concatenate([[0], np.cumsum(unit_sizes)[:-1]]).astype(np.int64)
+    starts, unit_of_bin = row_groups(unit_sizes)
     rank = cost_ranks(costs.order_key(vision, llm))
-    unit_of_bin = np.repeat(np.arange(len(unit_sizes)), unit_sizes)
     mean_rank = np.bincount(unit_of_bin, weights=rank, minlength=len(unit_sizes)) / np.maximum(unit_sizes, 1)
     per = int(unit_sizes.max()) if len(unit_sizes) else 0
     full = np.flatnonzero(unit_sizes == per)
@@ -205,9 +211,9 @@ def worker_items(
         vision, llm, sizes, slot.world_size, seed, epoch, shuffle=shuffle, drop_remainder=drop_remainder
     )
     first, last = plan.worker_run(chosen.positions, slot.worker, slot.num_workers)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    starts, unit_of_bin = row_groups(sizes)
     bins, fillers = chosen.bins[first:last, slot.rank], chosen.filler[first:last, slot.rank]
-    unit_of = np.repeat(np.arange(len(sizes)), sizes)[bins]
+    unit_of = unit_of_bin[bins]
     return [
         plan.Item(int(u), int(b - starts[u]), bool(f)) for u, b, f in zip(unit_of, bins, fillers, strict=True)
     ]
@@ -219,7 +225,7 @@ def random_plan(
 ) -> BalancedPlan:
     """Today's order (``balance=False``) as the same matrix: one reader per rank."""
     units = [plan.Unit(0, i, int(size)) for i, size in enumerate(unit_sizes)]
-    starts = np.concatenate([[0], np.cumsum(unit_sizes)[:-1]])
+    starts, _ = row_groups(unit_sizes)
     columns, fillers = [], []
     for r in range(world_size):
         slot = plan.Slot(r, world_size)
@@ -243,7 +249,7 @@ def straggler_overhead(cost: np.ndarray, chosen: BalancedPlan, micro_batches: in
 
 def read_amplification(chosen: BalancedPlan, unit_sizes: np.ndarray) -> float:
     """Bins in the row groups each rank reads (each once) / bins trained."""
-    unit_of_bin = np.repeat(np.arange(len(unit_sizes)), unit_sizes)
+    _, unit_of_bin = row_groups(unit_sizes)
     used = int((~chosen.filler).sum())
     read = 0
     for r in range(chosen.bins.shape[1]):

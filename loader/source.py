@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs, schemas
+from mmpack_udfs import costs, fs, schemas
 from mmpack_udfs.errors import MmpackError
 
 
@@ -48,29 +47,11 @@ class ShardSource:
         return schemas.nested_field_paths(self._open(shard).schema, column, fields)
 
     def cost_index(self) -> pa.Table:
-        """The manifest's cost index (checked against its sha256 and the shards' row counts)."""
-        entry = self.manifest.get("cost_index")
-        if entry is None:
-            raise ShardError("this manifest has no cost index (packed before mmpack wrote one): re-run pack")
-        uri = fs.join(self.manifest["_root"], entry["path"])
+        """The manifest's cost index, checked (costs.read_index; its sha256 when verifying)."""
         try:
-            if self.verify:
-                sha256, size = fs.sha256_of(uri, self.s3)
-                if size != entry["bytes"] or sha256 != entry["sha256"]:
-                    raise ShardError(f"cost index {uri} does not match the manifest (sha256 {sha256})")
-            filesystem, path = fs.filesystem(uri, self.s3)
-            index = pq.read_table(filesystem.open_input_file(path))
-        except (FileNotFoundError, OSError) as err:
-            raise ShardError(f"cost index {uri} named by the manifest cannot be read: {err}") from err
-        rows = [s["rows"] for s in self.manifest["shards"]]
-        expected_shard = np.repeat(np.arange(len(rows)), rows)
-        if index.num_rows != len(expected_shard) or not np.array_equal(
-            index["shard"].to_numpy(), expected_shard
-        ):
-            raise ShardError(
-                f"cost index {uri} does not list the manifest's {len(expected_shard)} bins in order"
-            )
-        return index
+            return costs.read_index(self.manifest["_root"], self.manifest, self.s3, self.verify)
+        except costs.CostIndexError as err:
+            raise ShardError(str(err)) from err
 
     def read(self, shard: int, row_group: int, columns: list[str]) -> pa.Table:
         return self._open(shard).read_row_group(row_group, columns=columns)

@@ -17,20 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import costs, fs, schemas
-from mmpack_udfs.report import ReportError
-
-REQUIRED = list(schemas.COST_INDEX_COLUMNS)
+from mmpack_udfs.report import ReportError, read_manifest
 
 
 def from_output(out: str, s3: fs.S3Options | None) -> tuple[pa.Table, int, str]:
     """(cost index, bins per row group, profile) of a packed output root."""
-    from loader.source import ShardError, ShardSource, load_manifest
-
-    try:
-        manifest = load_manifest(fs.join(out, "packed"), s3)
-        index = ShardSource(manifest, s3, verify=True).cost_index()
-    except ShardError as err:
-        raise ReportError(str(err)) from err
+    manifest = read_manifest(out, s3)
+    index = costs.read_index(schemas.packed_uri(out), manifest, s3)
     return index, manifest["bins_per_row_group"], manifest["profile"]
 
 
@@ -40,7 +33,7 @@ def from_file(path: str, s3: fs.S3Options | None) -> pa.Table:
         index = pq.read_table(filesystem.open_input_file(inner))
     except (OSError, pa.ArrowInvalid) as err:
         raise ReportError(f"cannot read the cost index {path}: {err}") from err
-    missing = [c for c in REQUIRED if c not in index.column_names]
+    missing = [c for c in schemas.COST_INDEX_COLUMNS if c not in index.column_names]
     if missing:
         raise ReportError(f"{path} is not a cost index: it lacks the column(s) {', '.join(missing)}")
     return index

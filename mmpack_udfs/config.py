@@ -240,7 +240,7 @@ def _validate_pack(section: Mapping[str, Any]) -> None:
 
 
 def _validate_balance(config: Mapping[str, Any]) -> None:
-    """Every profile has a cost model of four numbers >= 0 (``--set`` text such as 1e10 counts)."""
+    """Every profile has a cost model of four numbers >= 0 (text such as 1e10 counts)."""
     from mmpack_udfs.costs import CostModel
 
     models = config["balance"]["cost_model"]
@@ -253,10 +253,9 @@ def _validate_balance(config: Mapping[str, Any]) -> None:
         if not isinstance(model, dict):
             raise ConfigError(f"balance.cost_model.{name} must be a mapping")
         try:
-            parsed = CostModel.from_mapping(model)
+            CostModel.from_mapping(model)
         except ValueError as err:
             raise ConfigError(f"balance.cost_model.{name}: {err}") from None
-        models[name] = {key: getattr(parsed, key) for key in model}
 
 
 def _validate_dataset(dataset: Any, i: int) -> None:

@@ -15,6 +15,7 @@ then gives the ranks such near-copies, reading every row group once.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -24,11 +25,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import schemas
+from mmpack_udfs import fs, schemas
+from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
+from mmpack_udfs.errors import MmpackError
+from mmpack_udfs.shards import owner_of_elements
 
 SHARD_COLUMNS = ["num_tokens", "sum_sq_lengths", "vision_patches", "supervised_tokens"]
 MEDIA_FIELDS = ["grid_t", "grid_h", "grid_w", "num_tokens"]
 KEY_BITS = 16  # per axis of the order key's grid: log2(cost) in steps of 1/1024, up to 2^64
+
+
+class CostIndexError(MmpackError):
+    """The cost index a manifest names is missing, unreadable or not what the manifest says."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,32 @@ class CostModel:
         vision = self.vision_patch * col("vision_patches") + self.vision_pair * col("vision_sq_patches")
         llm = self.llm_token * col("tokens") + self.llm_pair * col("sum_sq_lengths")
         return vision, llm
+
+
+def bin_figures(
+    bin_of: np.ndarray, num_bins: int, tokens: np.ndarray, vision_tokens: np.ndarray, squares: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The cost figures of bins not built yet, from their samples' (``bin_of[i]``: sample
+    ``i``'s bin, -1 if not packed): tokens, Σ l², vision patches and Σ patches²."""
+    packed = bin_of >= 0
+
+    def per_bin(values: np.ndarray) -> np.ndarray:
+        return np.bincount(bin_of[packed], weights=values[packed].astype(np.float64), minlength=num_bins)
+
+    tokens = tokens.astype(np.int64)
+    return {
+        "tokens": per_bin(tokens),
+        "sum_sq_lengths": per_bin(tokens * tokens),
+        "vision_patches": per_bin(vision_tokens.astype(np.int64) * VISION_PATCHES_PER_TOKEN),
+        "vision_sq_patches": per_bin(squares),
+    }
+
+
+def write_order(figures: Mapping[str, Any], model: CostModel, per_row_group: int, seed: int) -> np.ndarray:
+    """The order the pack job writes bins in (``order[k]``: the bin written k-th): row groups
+    stratified by cost under ``model``; bins of equal cost in a ``seed``-ed order."""
+    tie = np.random.default_rng(seed).permutation(len(figures["tokens"]))
+    return stratified_order(order_key(*model.phases(figures)), per_row_group, tie)
 
 
 def order_key(vision: np.ndarray, llm: np.ndarray) -> np.ndarray:
@@ -133,7 +167,7 @@ def media_squares(media: pa.Array, profile: Mapping[str, Any]) -> np.ndarray:
     attention blocks of patches²."""
     items = pc.list_flatten(media)
     counts = pc.list_value_length(media).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    owner = np.repeat(np.arange(len(media)), counts)
+    owner = owner_of_elements(counts)
     field = {name: items.field(name).to_numpy(zero_copy_only=False).astype(np.int64) for name in MEDIA_FIELDS}
     if profile["kind"] == "qwen2_vl":
         blocks, block_patches = field["grid_t"], field["grid_h"] * field["grid_w"]
@@ -164,6 +198,31 @@ def bin_costs(bins: pa.Table, shard: int, profile: Mapping[str, Any]) -> pa.Tabl
         },
         schema=schemas.COST_INDEX,
     )
+
+
+def read_index(
+    packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None, verify: bool = True
+) -> pa.Table:
+    """The cost index ``manifest`` names, checked: its size and sha256 (``verify``), its
+    schema, and one row per bin in manifest order. Raises CostIndexError saying what is wrong."""
+    entry = manifest.get("cost_index")
+    if entry is None:
+        raise CostIndexError("this manifest has no cost index (packed before mmpack wrote one): re-run pack")
+    name = f"cost_index {entry['path']}"
+    try:
+        data = fs.read_bytes(fs.join(packed_root, entry["path"]), s3)
+    except OSError as err:
+        raise CostIndexError(f"{name}: cannot be read: {err}") from err
+    if verify and (len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]):
+        raise CostIndexError(f"{name}: {len(data)} bytes, not the size and sha256 the manifest gives")
+    index = pq.read_table(pa.BufferReader(data))
+    expected = owner_of_elements(np.array([s["rows"] for s in manifest["shards"]], np.int64))
+    if not index.schema.equals(schemas.COST_INDEX) or not np.array_equal(index["shard"].to_numpy(), expected):
+        raise CostIndexError(
+            f"{name}: not the cost index schema, or not one row per bin in manifest order "
+            f"({index.num_rows} rows)"
+        )
+    return index
 
 
 def shard_rows(bins: pa.Table, path: str, profile: Mapping[str, Any]) -> pa.Table:

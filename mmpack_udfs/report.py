@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs, schemas
+from mmpack_udfs import costs, fs, schemas
 from mmpack_udfs.errors import MmpackError
 
 REPORT_NAME = "pack.json"
@@ -131,11 +131,6 @@ def plot(figures: pa.Table, budget: int) -> dict[str, bytes]:
     return plots
 
 
-def read_cost_index(output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None = None) -> pa.Table:
-    filesystem, path = fs.filesystem(fs.join(schemas.packed_uri(output), manifest["cost_index"]["path"]), s3)
-    return pq.read_table(path, filesystem=filesystem)
-
-
 def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
     """Per-bin cost per phase, sorted; and per step of an 8-rank epoch, the slowest rank's
     cost over the mean rank's, in today's order and in the balanced plan."""
@@ -144,13 +139,11 @@ def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from loader import balance
-    from mmpack_udfs import costs
+    from loader import balance, plan
 
     model = costs.CostModel.for_profile(manifest["config"], manifest["profile"])
     vision, llm = model.phases(index)
-    per = manifest["bins_per_row_group"]
-    sizes = np.array([min(per, s["rows"] - i) for s in manifest["shards"] for i in range(0, s["rows"], per)])
+    sizes = np.array([u.rows for u in plan.units_of(manifest["shards"], manifest["bins_per_row_group"])])
     plans = {
         "today's order": balance.random_plan(sizes, COST_PLOT_RANKS, 0, 0),
         "balanced": balance.balanced_plan(vision, llm, sizes, COST_PLOT_RANKS, 0, 0),
@@ -196,7 +189,8 @@ def write_report(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
     if figures.num_rows:
         plots = plot(figures, manifest["budget"])
         if "cost_index" in manifest:
-            plots[COST_PLOT] = plot_costs(read_cost_index(output, manifest, s3), manifest)
+            index = costs.read_index(schemas.packed_uri(output), manifest, s3)
+            plots[COST_PLOT] = plot_costs(index, manifest)
         for name, png in plots.items():
             fs.write_bytes(schemas.report_uri(output, name), png, s3)
     print(format_report(summary))

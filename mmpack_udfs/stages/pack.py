@@ -104,8 +104,7 @@ class PackSettings:
         if self.second_by == "media_items":
             return shards.list_lengths(rows.column("media"))
         if self.second_by == "vision_patches":
-            vision = rows.column("image_tokens").to_numpy() + rows.column("video_tokens").to_numpy()
-            return vision.astype(np.int64) * VISION_PATCHES_PER_TOKEN
+            return vision_tokens(rows) * VISION_PATCHES_PER_TOKEN
         return None
 
     def oversize_mask(self, lengths: np.ndarray, second: np.ndarray | None) -> np.ndarray:
@@ -201,26 +200,20 @@ def place(counts: pa.Table, settings: PackSettings) -> Placement:
 
 
 def cost_stratified_order(counts: pa.Table, packing, settings: PackSettings) -> np.ndarray:
-    """The order to write the bins in (``order[k]`` = the packer's bin written k-th): row
-    groups stratified by cost (costs.stratified_order); bins of equal cost in a seeded order."""
-    bin_of, num_bins = packing.bin_of, packing.num_bins
-    packed = bin_of >= 0
+    """The order to write the bins in: row groups stratified by cost (costs.write_order)."""
+    figures = costs.bin_figures(
+        packing.bin_of,
+        packing.num_bins,
+        counts.column("num_tokens").to_numpy(),
+        vision_tokens(counts),
+        costs.media_squares(counts.column("media").combine_chunks(), settings.profile),
+    )
+    return costs.write_order(figures, settings.cost_model, settings.bins_per_row_group, settings.seed)
 
-    def per_bin(values: np.ndarray) -> np.ndarray:
-        return np.bincount(bin_of[packed], weights=values[packed].astype(np.float64), minlength=num_bins)
 
-    tokens = counts.column("num_tokens").to_numpy().astype(np.int64)
-    vision_tokens = counts.column("image_tokens").to_numpy() + counts.column("video_tokens").to_numpy()
-    squares = costs.media_squares(counts.column("media").combine_chunks(), settings.profile)
-    figures = {
-        "tokens": per_bin(tokens),
-        "sum_sq_lengths": per_bin(tokens * tokens),
-        "vision_patches": per_bin(vision_tokens.astype(np.int64) * VISION_PATCHES_PER_TOKEN),
-        "vision_sq_patches": per_bin(squares),
-    }
-    vision, llm = settings.cost_model.phases(figures)
-    tie = np.random.default_rng(settings.seed).permutation(num_bins)
-    return costs.stratified_order(costs.order_key(vision, llm), settings.bins_per_row_group, tie)
+def vision_tokens(rows: pa.Table) -> np.ndarray:
+    """Image + video tokens of each row."""
+    return rows.column("image_tokens").to_numpy().astype(np.int64) + rows.column("video_tokens").to_numpy()
 
 
 # -- executors: build and write whole shards ----------------------------------------------

@@ -122,23 +122,15 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
 def read_cost_index(
     packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None
 ) -> tuple[pa.Table | None, list[str]]:
-    """The cost index the manifest names, after its file checks (size, sha256, schema, one
-    row per bin); its figures are checked against each shard by that shard's task. A
-    packing made before the index has none: nothing to check."""
-    entry = manifest.get("cost_index")
-    if entry is None:
+    """The cost index the manifest names, after its file checks (costs.read_index); its
+    figures are checked against each shard by that shard's task. A packing made before the
+    index has none: nothing to check."""
+    if "cost_index" not in manifest:
         return None, []
-    name = f"cost_index {entry['path']}"
     try:
-        data = fs.read_bytes(fs.join(packed_root, entry["path"]), s3)
-    except OSError as err:
-        return None, [f"{name}: cannot be read: {err}"]
-    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        return None, [f"{name}: {len(data)} bytes, not the size and sha256 the manifest gives"]
-    index = pq.read_table(pa.BufferReader(data))
-    if not index.schema.equals(schemas.COST_INDEX) or index.num_rows != manifest["totals"]["bins"]:
-        return None, [f"{name}: not the cost index schema, or not one row per bin ({index.num_rows} rows)"]
-    return index, []
+        return costs.read_index(packed_root, manifest, s3), []
+    except costs.CostIndexError as err:
+        return None, [str(err)]
 
 
 def shard_entries(manifest: Mapping[str, Any], index: pa.Table | None) -> list[dict]:
