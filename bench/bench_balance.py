@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import machine
 from loader import balance, plan
 from mmpack_udfs import config as mmconfig
-from mmpack_udfs import costs
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
-from mmpack_udfs.packing import first_fit_decreasing
+from mmpack_udfs.pack import costs
+from mmpack_udfs.pack.ffd import first_fit_decreasing
 
 TILE = 256  # InternVL tokens per tile
 VIDEO_FRAME_PATCHES = 26 * 46  # a 364 x 644 frame: 1,196 patches of 14 px per temporal patch

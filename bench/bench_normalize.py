@@ -17,9 +17,9 @@ import time
 
 from common import OUT, bench_spark, machine
 
-from mmpack_udfs import demo_data
 from mmpack_udfs.config import load_config
-from mmpack_udfs.stages import normalize
+from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.normalize import stage as normalize
 
 
 def run_size(spark, samples: int, master: str) -> dict:

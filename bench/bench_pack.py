@@ -37,7 +37,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 from common import OUT, machine
 
-from mmpack_udfs.packing import first_fit_decreasing
+from mmpack_udfs.pack.ffd import first_fit_decreasing
 
 
 def synthetic_lengths(n: int, budget: int = 16384, seed: int = 0) -> np.ndarray:

@@ -24,10 +24,11 @@ import numpy as np
 import pyarrow as pa
 from common import OUT, bench_spark, machine
 
-from mmpack_udfs import schemas, tables
+from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
-from mmpack_udfs.packing import first_fit_decreasing
-from mmpack_udfs.stages import pack
+from mmpack_udfs.io import tables
+from mmpack_udfs.pack import stage as pack
+from mmpack_udfs.pack.ffd import first_fit_decreasing
 
 FILES = 10
 

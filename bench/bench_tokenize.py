@@ -29,11 +29,13 @@ from pathlib import Path
 
 from common import OUT, bench_spark, machine
 
-from mmpack_udfs import demo_data, tables
 from mmpack_udfs.config import load_config
+from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.io import tables
+from mmpack_udfs.normalize import stage as normalize
 from mmpack_udfs.schemas import table_uri
-from mmpack_udfs.stages import normalize, tokenize
-from mmpack_udfs.tokenization import SampleTokenizer, TokenizeSettings
+from mmpack_udfs.tokenize import stage as tokenize
+from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 
 RAW = """
 import json, pickle, sys, time

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mmpack_udfs.spark import get_spark
+from mmpack_udfs.io.spark import get_spark
 
 OUT = Path(__file__).resolve().parent / "out"
 

@@ -6,7 +6,7 @@ positions, so balancing every position balances every step, whatever ``k``, the 
 or the number of dataloader workers (each rank maps positions to steps the same way).
 
 Reads stay local: a rank trains whole row groups. The pack job writes row groups
-stratified by cost (mmpack_udfs.costs.stratified_order): row group ``i`` holds the
+stratified by cost (mmpack_udfs.pack.costs.stratified_order): row group ``i`` holds the
 ``i``-th bin of every cost stratum of the run, so neighbouring row groups are near-copies.
 Each epoch:
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader import plan
-from mmpack_udfs import costs
-from mmpack_udfs.shards import owner_of_elements
+from mmpack_udfs.pack import costs
+from mmpack_udfs.pack.shards import owner_of_elements
 
 ROUND_JITTER = 0.5  # in rounds: how far a row group may move between rounds, epoch to epoch
 

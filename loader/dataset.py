@@ -24,8 +24,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader import balance, plan, vision
 from loader.source import ShardSource, load_manifest
-from mmpack_udfs import costs, fs
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
+from mmpack_udfs.io import fs
+from mmpack_udfs.pack import costs
 
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
 MROPE_FIELDS = ["sample_index", "grid_t", "grid_h", "grid_w", "token_offset"]  # what mRoPE reads of media

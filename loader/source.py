@@ -13,8 +13,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmpack_udfs import costs, fs, schemas
+from mmpack_udfs import schemas
 from mmpack_udfs.errors import MmpackError
+from mmpack_udfs.io import fs
+from mmpack_udfs.pack import costs
 
 
 class ShardError(MmpackError, RuntimeError):

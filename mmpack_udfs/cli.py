@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from mmpack_udfs import fs, lock
 from mmpack_udfs.config import load_config
 from mmpack_udfs.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK, ConfigError, MmpackError
+from mmpack_udfs.io import fs, lock
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "main"]
 PIPELINE = ["normalize", "tokenize", "pack"]
@@ -71,8 +71,11 @@ def locked_output(config: dict, stages: Sequence[str]) -> Iterator[tuple[str, fs
 
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
-    from mmpack_udfs.spark import get_spark
-    from mmpack_udfs.stages import normalize, pack, tokenize, validate
+    from mmpack_udfs.io.spark import get_spark
+    from mmpack_udfs.normalize import stage as normalize
+    from mmpack_udfs.pack import stage as pack
+    from mmpack_udfs.tokenize import stage as tokenize
+    from mmpack_udfs.validate import stage as validate
 
     modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack, "validate": validate}
     config = config_from_args(args)
@@ -92,7 +95,7 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from mmpack_udfs import report
+    from mmpack_udfs.report import pack_report as report
 
     config = load_config(args.config, [])
     report.write_report(fs.normalize_uri(args.out), fs.S3Options.from_config(config.get("s3")))
@@ -100,8 +103,9 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_balance_report(args: argparse.Namespace) -> int:
-    from mmpack_udfs import balance_report, costs
-    from mmpack_udfs.report import ReportError
+    from mmpack_udfs.pack import costs
+    from mmpack_udfs.report import balance as balance_report
+    from mmpack_udfs.report.pack_report import ReportError
 
     config = load_config(args.config, args.overrides)
     s3 = fs.S3Options.from_config(config.get("s3"))
@@ -123,7 +127,7 @@ def run_balance_report(args: argparse.Namespace) -> int:
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    from mmpack_udfs.stages import gc
+    from mmpack_udfs.pack import gc
 
     config = config_from_args(args)
     with locked_output(config, ["gc"]) as (output, s3):
@@ -132,7 +136,7 @@ def run_gc(args: argparse.Namespace) -> int:
 
 
 def run_demo_data(args: argparse.Namespace) -> int:
-    from mmpack_udfs import demo_data
+    from mmpack_udfs.demo import data as demo_data
 
     demo = demo_data.generate(args.dir, samples=args.samples, seed=args.seed)
     print(
@@ -144,7 +148,7 @@ def run_demo_data(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Generate demo data under OUT/input, run the pipeline on it into OUT and validate it."""
-    from mmpack_udfs import demo_data
+    from mmpack_udfs.demo import data as demo_data
 
     out = Path(args.out)
     demo = demo_data.generate(out / "input", samples=args.samples, seed=args.seed)

@@ -241,7 +241,7 @@ def _validate_pack(section: Mapping[str, Any]) -> None:
 
 def _validate_balance(config: Mapping[str, Any]) -> None:
     """Every profile has a cost model of four numbers >= 0 (text such as 1e10 counts)."""
-    from mmpack_udfs.costs import CostModel
+    from mmpack_udfs.pack.costs import CostModel
 
     models = config["balance"]["cost_model"]
     if not isinstance(models, dict):

@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from mmpack_udfs import fs
 from mmpack_udfs.errors import MmpackError
+from mmpack_udfs.io import fs
 
 # Turn texts in the samples table mark media with these placeholders, whatever the input used.
 IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER = "<image>", "<video>"

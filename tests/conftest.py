@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from mmpack_udfs import demo_data
 from mmpack_udfs.config import load_config
+from mmpack_udfs.demo import data as demo_data
 
 # Fake credentials for the loopback S3 server, set before Spark starts so that its Python
 # workers inherit them.
@@ -39,7 +39,7 @@ TEST_SPARK = {
 
 @pytest.fixture(scope="session")
 def spark():
-    from mmpack_udfs.spark import get_spark
+    from mmpack_udfs.io.spark import get_spark
 
     session = get_spark(TEST_SPARK)
     yield session
@@ -107,7 +107,8 @@ def s3_bucket(s3_server, request):
 def tokenized_demo(spark, demo, tmp_path_factory):
     """An output root holding the demo data's samples and tokenized tables (read-only for
     tests: copy its ``tables`` folder to pack into a fresh root)."""
-    from mmpack_udfs.stages import normalize, tokenize
+    from mmpack_udfs.normalize import stage as normalize
+    from mmpack_udfs.tokenize import stage as tokenize
 
     out = tmp_path_factory.mktemp("tokenized-demo")
     config = demo_config(demo, out)
@@ -135,7 +136,7 @@ PACKED_DEMO_SETTINGS = (
 @pytest.fixture(scope="session")
 def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
     """An output root with the demo data packed into many small bins and row groups."""
-    from mmpack_udfs.stages import pack
+    from mmpack_udfs.pack import stage as pack
 
     out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("packed-demo"))
     pack.run(spark, demo_config(demo, out, *PACKED_DEMO_SETTINGS))

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mmpack_udfs import demo_data
+from mmpack_udfs.demo import data as demo_data
 from tests.conftest import PACKED_DEMO_SETTINGS, demo_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -34,7 +34,9 @@ def packed(spark, tmp_path_factory) -> Path:
     """A small demo (images and videos) packed into 11 bins: neither 2 nor 3 divides it. One
     packing group, so the bin count depends on sample lengths only (sample ids hash the
     media paths, and the hash of an id picks its group)."""
-    from mmpack_udfs.stages import normalize, pack, tokenize
+    from mmpack_udfs.normalize import stage as normalize
+    from mmpack_udfs.pack import stage as pack
+    from mmpack_udfs.tokenize import stage as tokenize
 
     data = demo_data.generate(tmp_path_factory.mktemp("ddp-demo"), samples=60, seed=12)
     out = tmp_path_factory.mktemp("ddp-out")

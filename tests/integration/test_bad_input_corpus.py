@@ -21,7 +21,10 @@ IMAGE_PAD, VIDEO_PAD = 151655, 151656
 
 
 def test_the_corpus_goes_through_the_pipeline_and_the_loader(spark, tmp_path, capsys):
-    from mmpack_udfs.stages import normalize, pack, tokenize, validate
+    from mmpack_udfs.normalize import stage as normalize
+    from mmpack_udfs.pack import stage as pack
+    from mmpack_udfs.tokenize import stage as tokenize
+    from mmpack_udfs.validate import stage as validate
 
     corpus = build(tmp_path / "corpus")
     assert len(corpus.kinds) >= 60 and len(set(corpus.kinds)) == len(corpus.kinds)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mmpack_udfs import fs, tables
+from mmpack_udfs.io import fs, tables
+from mmpack_udfs.normalize import stage as normalize
 from mmpack_udfs.reasons import NORMALIZE_REASONS, Reason
 from mmpack_udfs.schemas import table_uri
-from mmpack_udfs.stages import normalize
 from tests.conftest import demo_config
 
 pytestmark = pytest.mark.spark
@@ -166,7 +166,7 @@ def test_a_fresh_spark_session_reads_the_tables(first_run):
     out, _ = first_run
     code = (
         "import json, sys\n"
-        "from mmpack_udfs.spark import get_spark\n"
+        "from mmpack_udfs.io.spark import get_spark\n"
         "from mmpack_udfs import tables\n"
         "spark = get_spark({'master': 'local[1]', 'log_level': 'ERROR',"
         " 'conf': {'spark.ui.enabled': 'false'}})\n"

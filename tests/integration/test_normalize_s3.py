@@ -7,8 +7,8 @@ from collections import Counter
 import boto3
 import pytest
 
-from mmpack_udfs import fs, tables
-from mmpack_udfs.stages import normalize
+from mmpack_udfs.io import fs, tables
+from mmpack_udfs.normalize import stage as normalize
 from tests.conftest import demo_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

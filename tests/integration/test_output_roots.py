@@ -13,7 +13,10 @@ pytestmark = pytest.mark.spark
 
 
 def test_pipeline_and_loader_in_a_root_with_space_hash_and_non_ascii(spark, demo, tmp_path):
-    from mmpack_udfs.stages import normalize, pack, tokenize, validate
+    from mmpack_udfs.normalize import stage as normalize
+    from mmpack_udfs.pack import stage as pack
+    from mmpack_udfs.tokenize import stage as tokenize
+    from mmpack_udfs.validate import stage as validate
 
     out = tmp_path / "run 1 #ü"
     config = demo_config(demo, out, *PACKED_DEMO_SETTINGS)

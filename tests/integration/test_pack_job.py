@@ -9,8 +9,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from mmpack_udfs import cli, report, schemas, tables
-from mmpack_udfs.stages import pack
+from mmpack_udfs import cli, schemas
+from mmpack_udfs.io import tables
+from mmpack_udfs.pack import stage as pack
+from mmpack_udfs.report import pack_report as report
 from tests.conftest import demo_config, fresh_output
 from tests.mmpack_udfs.test_shards import decode
 

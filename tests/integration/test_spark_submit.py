@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mmpack_udfs import cli, schemas, tables
+from mmpack_udfs import cli, schemas
+from mmpack_udfs.io import tables
 from tools import make_dist
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from mmpack_udfs import fs, tables
+from mmpack_udfs.io import fs, tables
 
 pytestmark = pytest.mark.spark
 

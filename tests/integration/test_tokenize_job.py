@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmpack_udfs import tables
+from mmpack_udfs.io import tables
+from mmpack_udfs.normalize import stage as normalize
 from mmpack_udfs.schemas import table_uri
-from mmpack_udfs.stages import normalize, tokenize
-from mmpack_udfs.tokenization import IGNORE, SampleTokenizer, TokenizeSettings
+from mmpack_udfs.tokenize import stage as tokenize
+from mmpack_udfs.tokenize.encoder import IGNORE, SampleTokenizer, TokenizeSettings
 from tests.conftest import demo_config
 
 pytestmark = pytest.mark.spark
@@ -90,9 +91,9 @@ def test_rerun_is_skipped_and_a_new_run_id_rewrites_identical_files(spark, first
 
 KILLED_BETWEEN_COMMITS = """
 import json, os, signal, sys
-from mmpack_udfs import tables
-from mmpack_udfs.spark import get_spark
-from mmpack_udfs.stages import tokenize
+from mmpack_udfs.io import tables
+from mmpack_udfs.io.spark import get_spark
+from mmpack_udfs.tokenize import stage as tokenize
 config = json.loads(open(sys.argv[1]).read())
 real_commit, calls = tables.commit, []
 def commit_then_die(*args, **kwargs):

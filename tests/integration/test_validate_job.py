@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmpack_udfs import cli
-from mmpack_udfs.stages import validate
+from mmpack_udfs.validate import stage as validate
 from tests.conftest import demo_config
 
 pytestmark = pytest.mark.spark
@@ -93,7 +93,8 @@ def test_a_cost_index_that_disagrees_with_the_shards_is_named(spark, demo, copy)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mmpack_udfs import costs, schemas
+    from mmpack_udfs import schemas
+    from mmpack_udfs.pack import costs
 
     manifest_path = copy / "packed" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from loader import balance, plan
-from mmpack_udfs import costs
+from mmpack_udfs.pack import costs
 
 
 def stratified_layout(bins: int = 3000, per: int = 32, seed: int = 0):

@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import PackedBatch, PackedDataset, ShardError, collate_packed
-from mmpack_udfs import schemas, tables
+from mmpack_udfs import schemas
+from mmpack_udfs.io import tables
 
 pytestmark = pytest.mark.spark
 

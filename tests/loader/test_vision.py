@@ -12,7 +12,7 @@ from PIL import Image
 
 from loader import vision
 from mmpack_udfs.config import load_config
-from mmpack_udfs.profiles import make_profile
+from mmpack_udfs.tokenize.profiles import make_profile
 
 IMAGE_PAD, VIDEO_PAD = 151655, 151656
 

@@ -20,13 +20,13 @@ def test_bad_config_exits_2_with_a_message(capsys, tmp_path):
 
 
 def test_no_datasets_exits_2(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("mmpack_udfs.spark.get_spark", lambda *a, **k: None)
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: None)
     assert cli.main(["normalize", "--out", str(tmp_path)]) == cli.EXIT_BAD_CONFIG
     assert "no datasets configured" in capsys.readouterr().err
 
 
 def test_missing_input_exits_1(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("mmpack_udfs.spark.get_spark", lambda *a, **k: None)
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: None)
     dataset = f"datasets=[{{name: a, paths: [{tmp_path}/none/*.jsonl], media_root: {tmp_path}}}]"
     assert cli.main(["normalize", "--out", str(tmp_path), "--set", dataset]) == cli.EXIT_FAILED
     assert "no input files match" in capsys.readouterr().err
@@ -149,7 +149,7 @@ def test_a_tokenizer_without_the_profiles_chat_tokens_exits_2_before_spark(capsy
     def no_spark(*args, **kwargs):
         raise AssertionError("Spark must not start")
 
-    monkeypatch.setattr("mmpack_udfs.spark.get_spark", no_spark)
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", no_spark)
     code = cli.main(["tokenize", "--out", str(tmp_path / "out"), "--set", f"tokenize.tokenizer={folder}"])
     assert code == cli.EXIT_BAD_CONFIG
     err = capsys.readouterr().err

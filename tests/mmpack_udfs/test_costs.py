@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mmpack_udfs import config, costs, schemas
+from mmpack_udfs import config, schemas
+from mmpack_udfs.pack import costs
 
 MEDIA = pa.struct([(name, pa.int32()) for name in costs.MEDIA_FIELDS])
 

@@ -1,6 +1,6 @@
 import hashlib
 
-from mmpack_udfs import demo_data
+from mmpack_udfs.demo import data as demo_data
 
 
 def digest(root):

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from loader.source import ShardError
-from mmpack_udfs import cli, errors, inputs, lock, report, schemas, tables
-from mmpack_udfs.stages import normalize, pack, tokenize, validate
+from mmpack_udfs import cli, errors, schemas
+from mmpack_udfs.io import lock, tables
+from mmpack_udfs.normalize import inputs
+from mmpack_udfs.normalize import stage as normalize
+from mmpack_udfs.pack import stage as pack
+from mmpack_udfs.report import pack_report as report
+from mmpack_udfs.tokenize import stage as tokenize
+from mmpack_udfs.validate import stage as validate
 
 
 @pytest.mark.parametrize(

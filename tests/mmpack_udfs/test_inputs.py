@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmpack_udfs import inputs
-from mmpack_udfs.sharegpt import DatasetSpec
+from mmpack_udfs.normalize import inputs
+from mmpack_udfs.normalize.sharegpt import DatasetSpec
 
 
 def records_of(files, split_bytes):

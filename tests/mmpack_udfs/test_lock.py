@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from mmpack_udfs import cli, lock
+from mmpack_udfs import cli
+from mmpack_udfs.io import lock
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = """
 import sys, time
-from mmpack_udfs import lock
+from mmpack_udfs.io import lock
 with lock.output_lock(sys.argv[1], ["pack"]):
     print("held", flush=True)
     time.sleep(120)
@@ -66,7 +67,7 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path):
 
 
 def test_a_lock_held_on_s3_by_another_host_is_refused(s3_bucket):
-    from mmpack_udfs import fs
+    from mmpack_udfs.io import fs
 
     endpoint, bucket = s3_bucket
     s3 = fs.S3Options(endpoint_override=endpoint, scheme="http", region="us-east-1")

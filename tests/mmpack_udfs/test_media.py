@@ -2,7 +2,8 @@ import os
 
 import pytest
 
-from mmpack_udfs import demo_data, media
+from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.normalize import media
 from mmpack_udfs.reasons import Reason, Rejected
 
 SETTINGS = media.ProbeSettings()
@@ -97,7 +98,7 @@ def test_bad_videos(media_root, name, reason):
 def test_media_on_s3(s3_bucket, media_root):
     import boto3
 
-    from mmpack_udfs.fs import S3Options
+    from mmpack_udfs.io.fs import S3Options
 
     endpoint, bucket = s3_bucket
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
@@ -151,7 +152,7 @@ def test_a_truncated_video_is_planned_from_the_frames_that_decode(tmp_path):
 
     from loader.vision import decode_frames
     from mmpack_udfs.config import load_config
-    from mmpack_udfs.profiles import make_profile
+    from mmpack_udfs.tokenize.profiles import make_profile
 
     whole, cut = tmp_path / "whole.avi", tmp_path / "cut.avi"
     writer = cv2.VideoWriter(str(whole), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (64, 48))

@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mmpack_udfs import costs
 from mmpack_udfs.config import load_config
-from mmpack_udfs.stages import pack
+from mmpack_udfs.pack import costs
+from mmpack_udfs.pack import stage as pack
 from tests.mmpack_udfs.test_shards import tokenized_rows
 
 SETTINGS = pack.PackSettings.from_config(

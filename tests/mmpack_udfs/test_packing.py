@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmpack_udfs.packing import OversizeError, first_fit_decreasing
+from mmpack_udfs.pack.ffd import OversizeError, first_fit_decreasing
 
 
 def naive_ffd(lengths, budget, keys, second=None, second_budget=None):

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from mmpack_udfs import profiles
+from mmpack_udfs.tokenize import profiles
 
 
 def instructions(function) -> list[tuple[str, object]]:

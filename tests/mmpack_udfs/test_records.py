@@ -1,8 +1,8 @@
 import json
 
-from mmpack_udfs import media, records
+from mmpack_udfs.normalize import media, records
+from mmpack_udfs.normalize.sharegpt import DatasetSpec
 from mmpack_udfs.schemas import ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
-from mmpack_udfs.sharegpt import DatasetSpec
 
 
 def normalizer(tmp_path, max_raw_chars=1 << 20):
@@ -80,7 +80,7 @@ def test_parquet_binary_content_is_text_when_utf8_and_never_a_bytes_repr(tmp_pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mmpack_udfs import inputs
+    from mmpack_udfs.normalize import inputs
 
     png = b"\x89PNG\r\n\x1a\n\x00\x00"
     schema = pa.schema(

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mmpack_udfs import schemas, shards
-from mmpack_udfs.packing import first_fit_decreasing
+from mmpack_udfs import schemas
+from mmpack_udfs.pack import shards
+from mmpack_udfs.pack.ffd import first_fit_decreasing
 
 IMAGE_PAD, VIDEO_PAD = 151655, 151656
 

@@ -1,7 +1,7 @@
 import pytest
 
+from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.sharegpt import DatasetSpec, parse_record, sample_id
 
 SPEC = DatasetSpec(name="d", paths=("x.jsonl",), media_root="/media")
 

@@ -3,7 +3,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from mmpack_udfs.spark import one_task_per_row, session_settings
+from mmpack_udfs.io.spark import one_task_per_row, session_settings
 
 
 def test_embedded_defaults_and_overrides(monkeypatch):

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mmpack_udfs import tokenizer as tokenizers
 from mmpack_udfs.config import load_config
-from mmpack_udfs.tokenization import IGNORE, SampleTokenizer, TokenizeSettings
+from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.tokenize.encoder import IGNORE, SampleTokenizer, TokenizeSettings
 from tests.oracles import qwen2_vl as oracle
 
 CONFIG = load_config()
@@ -334,7 +334,7 @@ def test_internvl_tiles():
 
 
 def test_to_record_batch_round_trips(tok):
-    from mmpack_udfs.tokenization import to_record_batch
+    from mmpack_udfs.tokenize.encoder import to_record_batch
 
     done, _ = tok.tokenize([CASES["video and image"], CASES["text only"]])
     batch = to_record_batch(done)

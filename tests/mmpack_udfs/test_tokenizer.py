@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mmpack_udfs import tokenizer as tokenizers
 from mmpack_udfs.config import load_config
-from mmpack_udfs.tokenization import SampleTokenizer, TokenizeSettings
+from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ def test_a_directory_without_tokenizer_json_never_matches(tmp_path, private_cach
 
 WORKER = """
 import json, sys
-from mmpack_udfs.tokenization import SampleTokenizer, TokenizeSettings
+from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 from mmpack_udfs.config import load_config
 config = load_config()
 settings = TokenizeSettings(

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from mmpack_udfs import shards
-from mmpack_udfs.packing import first_fit_decreasing
-from mmpack_udfs.stages.validate import bin_problems, check_shard, manifest_problems
+from mmpack_udfs.pack import shards
+from mmpack_udfs.pack.ffd import first_fit_decreasing
+from mmpack_udfs.validate.stage import bin_problems, check_shard, manifest_problems
 from tests.mmpack_udfs.test_shards import tokenized_rows
 
 BUDGET = 1000

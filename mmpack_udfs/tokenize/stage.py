@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs import schemas
 from mmpack_udfs.errors import ReconciliationError
-from mmpack_udfs.spark import one_task_per_row
-from mmpack_udfs.stages import runs
-from mmpack_udfs.tokenization import TokenizeSettings, to_record_batch, worker_tokenizer
+from mmpack_udfs.io import fs, runs, tables
+from mmpack_udfs.io.spark import one_task_per_row
+from mmpack_udfs.tokenize.encoder import TokenizeSettings, to_record_batch, worker_tokenizer
 
 REPORT_NAME = "tokenize.json"
 BATCH_ROWS = 1024  # samples per tokenizer call: larger batches amortize per-call and GC costs

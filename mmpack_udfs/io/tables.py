@@ -26,9 +26,9 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
-from mmpack_udfs import fs
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.spark import one_task_per_row
+from mmpack_udfs.io import fs
+from mmpack_udfs.io.spark import one_task_per_row
 
 WRITTEN_FILE = pa.schema(
     [

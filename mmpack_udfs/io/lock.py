@@ -25,8 +25,8 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 
-from mmpack_udfs import fs
 from mmpack_udfs.errors import MmpackError
+from mmpack_udfs.io import fs
 
 LOCK_NAME = "_mmpack_lock.json"
 

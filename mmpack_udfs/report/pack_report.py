@@ -16,8 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import costs, fs, schemas
+from mmpack_udfs import schemas
 from mmpack_udfs.errors import MmpackError
+from mmpack_udfs.io import fs
+from mmpack_udfs.pack import costs
 
 REPORT_NAME = "pack.json"
 FILL_PLOT, LENGTHS_PLOT, COST_PLOT = "bin_fill.png", "lengths.png", "bin_cost.png"

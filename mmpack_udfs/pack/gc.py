@@ -14,7 +14,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from mmpack_udfs import fs, schemas
+from mmpack_udfs import schemas
+from mmpack_udfs.io import fs
 
 
 def collect(output: str, s3: fs.S3Options | None = None, dry_run: bool = False) -> dict[str, Any]:

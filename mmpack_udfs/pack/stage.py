@@ -30,12 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import mmpack_udfs
-from mmpack_udfs import costs, fs, report, schemas, shards, tables
+from mmpack_udfs import schemas
 from mmpack_udfs.config import config_hash
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.packing import first_fit_decreasing
-from mmpack_udfs.stages import runs
+from mmpack_udfs.io import fs, runs, tables
+from mmpack_udfs.pack import costs, shards
+from mmpack_udfs.pack.ffd import first_fit_decreasing
+from mmpack_udfs.report import pack_report as report
 
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"

@@ -16,8 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmpack_udfs import costs, fs, schemas
-from mmpack_udfs.report import ReportError, read_manifest
+from mmpack_udfs import schemas
+from mmpack_udfs.io import fs
+from mmpack_udfs.pack import costs
+from mmpack_udfs.report.pack_report import ReportError, read_manifest
 
 
 def from_output(out: str, s3: fs.S3Options | None) -> tuple[pa.Table, int, str]:

@@ -23,9 +23,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.sharegpt import DatasetSpec
+from mmpack_udfs.io import fs
+from mmpack_udfs.normalize.sharegpt import DatasetSpec
 
 FORMATS_BY_EXTENSION = {
     ".jsonl": "jsonl",

@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs, schemas
+from mmpack_udfs import schemas
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.shards import owner_of_elements
+from mmpack_udfs.io import fs
+from mmpack_udfs.pack.shards import owner_of_elements
 
 SHARD_COLUMNS = ["num_tokens", "sum_sq_lengths", "vision_patches", "supervised_tokens"]
 MEDIA_FIELDS = ["grid_t", "grid_h", "grid_w", "num_tokens"]

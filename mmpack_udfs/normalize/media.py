@@ -25,7 +25,8 @@ import cv2
 import pyarrow.fs as pafs
 from PIL import Image
 
-from mmpack_udfs import fs, schemas
+from mmpack_udfs import schemas
+from mmpack_udfs.io import fs
 from mmpack_udfs.reasons import Reason, Rejected
 
 REMOTE_SCHEMES = {"http", "https", "ftp", "gs", "hdfs", "s3a", "s3n", "abfs", "abfss", "wasb", "wasbs"}

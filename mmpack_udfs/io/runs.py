@@ -8,7 +8,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mmpack_udfs import fs, schemas, tables
+from mmpack_udfs import schemas
+from mmpack_udfs.io import fs, tables
 
 
 def run_id_from(stage: str, facts: Mapping[str, Any]) -> str:

@@ -24,7 +24,7 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-from mmpack_udfs import fs
+from mmpack_udfs.io import fs
 
 QWEN2_VL_SPECIAL_TOKENS = [
     "<|endoftext|>",

@@ -15,10 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from mmpack_udfs import fs, media
+from mmpack_udfs.io import fs
+from mmpack_udfs.normalize import media
+from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
-from mmpack_udfs.sharegpt import DatasetSpec, parse_record, sample_id
 
 LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 

@@ -25,12 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import costs, fs, schemas, tables
+from mmpack_udfs import schemas
 from mmpack_udfs.constants import IGNORE_INDEX
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.shards import list_lengths, owner_of_elements
-from mmpack_udfs.spark import one_task_per_row
-from mmpack_udfs.stages.pack import SKIPPED_NAME
+from mmpack_udfs.io import fs, tables
+from mmpack_udfs.io.spark import one_task_per_row
+from mmpack_udfs.pack import costs
+from mmpack_udfs.pack.shards import list_lengths, owner_of_elements
+from mmpack_udfs.pack.stage import SKIPPED_NAME
 
 REPORT_NAME = "validate.json"
 EXAMPLES = 5  # bins or ids quoted per problem

@@ -14,12 +14,13 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from mmpack_udfs import fs, inputs, records, schemas, tables
+from mmpack_udfs import schemas
 from mmpack_udfs.config import ConfigError, config_hash
 from mmpack_udfs.errors import ReconciliationError
-from mmpack_udfs.sharegpt import DatasetSpec
-from mmpack_udfs.spark import one_task_per_row
-from mmpack_udfs.stages import runs
+from mmpack_udfs.io import fs, runs, tables
+from mmpack_udfs.io.spark import one_task_per_row
+from mmpack_udfs.normalize import inputs, records
+from mmpack_udfs.normalize.sharegpt import DatasetSpec
 
 REPORT_NAME = "normalize.json"
 

@@ -25,12 +25,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from mmpack_udfs import tokenizer as tokenizers
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.errors import ConfigError
-from mmpack_udfs.profiles import MediaPlan, Profile, make_profile
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
+from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.tokenize.profiles import MediaPlan, Profile, make_profile
 
 MODEL_SIDE = {"assistant", "function_call"}
 TEMPLATE_ROLE = {"function_call": "assistant"}

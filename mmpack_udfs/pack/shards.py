@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmpack_udfs import fs, schemas
+from mmpack_udfs import schemas
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
+from mmpack_udfs.io import fs
 
 # What the pack stage needs from the tokenized table.
 TOKENIZED_COLUMNS = [

@@ -1,0 +1,4 @@
+"""Storage and Spark plumbing every stage shares.
+
+Files (local or S3), Delta tables, the output lock, the SparkSession, run bookkeeping.
+"""
