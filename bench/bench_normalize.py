@@ -19,6 +19,7 @@ from common import OUT, bench_spark, machine
 
 from mmpack_udfs.config import load_config
 from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.normalize import stage as normalize
 
 
@@ -31,7 +32,7 @@ def run_size(spark, samples: int, master: str) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     config = load_config(demo.config, [f"output={out}"])
     started = time.time()
-    summary = normalize.run(spark, config)
+    summary = normalize.run(spark, RunContext.of(config))
     seconds = time.time() - started
     media = sum(1 for p in (data_dir / "media").rglob("*") if p.is_file())
     return {

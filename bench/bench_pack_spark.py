@@ -27,6 +27,7 @@ from common import OUT, bench_spark, machine
 from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
 from mmpack_udfs.io import tables
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 
@@ -49,7 +50,7 @@ def synthetic_table(out, rows: int, seed: int = 0) -> np.ndarray:
                 uri, f"part-{part:05d}.parquet", [_batch(index, lengths, rng)], schemas.TOKENIZED
             )
         )
-    tables.commit(uri, schemas.TOKENIZED, written, run_id="bench", mode="overwrite", rows=rows, s3=None)
+    tables.commit(uri, schemas.TOKENIZED, written, run_id="bench", mode="overwrite", rows=rows)
     marker.touch()
     return lengths
 
@@ -95,7 +96,7 @@ def main() -> None:
     config = load_config(None, [f"output={out}", "run_id=bench-pack"])
     shutil.rmtree(out / "packed", ignore_errors=True)
     started = time.perf_counter()
-    summary = pack.run(spark, config)
+    summary = pack.run(spark, RunContext.of(config))
     seconds = time.perf_counter() - started
     budget = summary["budget"]
     global_bins = first_fit_decreasing(lengths, budget).num_bins

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mmpack_udfs.config.model import SparkConfig
 from mmpack_udfs.io.spark import get_spark
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -27,7 +28,7 @@ def bench_spark(master: str, driver_memory: str = "4g"):
         "spark.driver.memory": driver_memory,
         "spark.sql.shuffle.partitions": "8",
     }
-    return get_spark({"master": master, "log_level": "ERROR", "conf": conf})
+    return get_spark(SparkConfig(master=master, log_level="ERROR", conf=conf))
 
 
 def machine() -> str:

@@ -67,8 +67,8 @@ class PackedDataset(IterableDataset):
         cost_model: costs.CostModel | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.s3 = s3 if isinstance(s3, fs.S3Options) or s3 is None else fs.S3Options.from_config(s3)
-        self.manifest = load_manifest(fs.normalize_uri(manifest_uri), self.s3)
+        self.storage = fs.Storage(s3 if isinstance(s3, fs.S3Options) else fs.S3Options.from_config(s3))
+        self.manifest = load_manifest(fs.normalize_uri(manifest_uri), self.storage)
         default_rank, default_world = distributed_rank()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -148,7 +148,7 @@ class PackedDataset(IterableDataset):
                 )
             skip, self._resume = self._resume["consumed"], None
         if self._source is None:
-            self._source = ShardSource(self.manifest, self.s3, self.verify)
+            self._source = ShardSource(self.manifest, self.storage, self.verify)
         order = self._items(slot, self._source)
         remaining = Counter(item.unit for item in order[skip:])
         loaded: dict[int, _RowGroup] = {}
@@ -158,7 +158,7 @@ class PackedDataset(IterableDataset):
                 loaded[item.unit] = _RowGroup(
                     self._source, self.units[item.unit], self.profile, self.with_media
                 )
-            out = loaded[item.unit].item(item.row, self._source.s3)
+            out = loaded[item.unit].item(item.row, self._source.storage)
             remaining[item.unit] -= 1
             if not remaining[item.unit]:
                 del loaded[item.unit]
@@ -213,7 +213,7 @@ class _RowGroup:
         offsets, values = self.lists[name]
         return values[offsets[row] : offsets[row + 1]]
 
-    def item(self, row: int, s3: fs.S3Options | None) -> dict[str, Any]:
+    def item(self, row: int, storage: fs.Storage) -> dict[str, Any]:
         ids = torch.from_numpy(self._list("input_ids", row).astype(np.int64))
         labels = self._list("labels", row).astype(np.int64)
         cu = self._list("cu_seqlens", row)
@@ -233,24 +233,24 @@ class _RowGroup:
         if self.profile["kind"] == "qwen2_vl":
             item["mrope_position_ids"] = _mrope(media, cu, positions)
             if self.with_media:
-                item.update(_qwen2_vl_pixels(media, s3))
+                item.update(_qwen2_vl_pixels(media, storage))
         elif media:
-            item.update(_internvl_media(media, self.profile, s3))
+            item.update(_internvl_media(media, self.profile, storage))
         return item
 
 
-def _media_bytes(item: Mapping[str, Any], s3: fs.S3Options | None) -> bytes:
-    return item["data"] if item["data"] is not None else fs.read_bytes(item["uri"], s3)
+def _media_bytes(item: Mapping[str, Any], storage: fs.Storage) -> bytes:
+    return item["data"] if item["data"] is not None else storage.read_bytes(item["uri"])
 
 
-def _frames(item: Mapping[str, Any], s3: fs.S3Options | None) -> list:
-    data = _media_bytes(item, s3)
+def _frames(item: Mapping[str, Any], storage: fs.Storage) -> list:
+    data = _media_bytes(item, storage)
     if item["kind"] == "image":
         return [vision.decode_image(data)]
     return vision.decode_frames(data, item["frame_indices"], item["uri"])
 
 
-def _qwen2_vl_pixels(media: list[dict], s3: fs.S3Options | None) -> dict[str, Any]:
+def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage) -> dict[str, Any]:
     """Pixel patches and grids per kind, as transformers' Qwen2-VL takes them."""
     out: dict[str, Any] = {}
     for kind, pixels_key, grid_key in (
@@ -259,7 +259,7 @@ def _qwen2_vl_pixels(media: list[dict], s3: fs.S3Options | None) -> dict[str, An
     ):
         items = [m for m in media if m["kind"] == kind]
         if items:
-            patches = [vision.qwen2_vl_patches(_frames(m, s3), m) for m in items]
+            patches = [vision.qwen2_vl_patches(_frames(m, storage), m) for m in items]
             out[pixels_key] = torch.from_numpy(np.concatenate(patches))
             out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
     return out
@@ -277,9 +277,11 @@ def _mrope(media: list[dict], cu: np.ndarray, positions: np.ndarray) -> torch.Te
     return torch.from_numpy(rows)
 
 
-def _internvl_media(media: list[dict], profile: Mapping[str, Any], s3: fs.S3Options | None) -> dict[str, Any]:
+def _internvl_media(media: list[dict], profile: Mapping[str, Any], storage: fs.Storage) -> dict[str, Any]:
     image = profile["image"]
-    tiles = [vision.internvl_tiles(_frames(m, s3), m, image["tile_size"], image["thumbnail"]) for m in media]
+    tiles = [
+        vision.internvl_tiles(_frames(m, storage), m, image["tile_size"], image["thumbnail"]) for m in media
+    ]
     return {
         "pixel_values": torch.from_numpy(np.concatenate(tiles)),
         "num_tiles": torch.tensor([len(t) for t in tiles]),

@@ -23,11 +23,11 @@ class ShardError(MmpackError, RuntimeError):
     """A manifest or shard is missing, of an unknown format, or not what the manifest says."""
 
 
-def load_manifest(manifest_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
+def load_manifest(manifest_uri: str, storage: fs.Storage) -> dict[str, Any]:
     """Read and check manifest.json (a path, a folder holding it, or s3://...)."""
     uri = manifest_uri if manifest_uri.endswith(".json") else fs.join(manifest_uri, schemas.MANIFEST_NAME)
     try:
-        manifest = schemas.load_manifest(uri, s3)
+        manifest = schemas.load_manifest(uri, storage)
     except schemas.ManifestError as err:
         raise ShardError(str(err)) from err
     manifest["_root"] = uri.rsplit("/", 1)[0]
@@ -37,8 +37,8 @@ def load_manifest(manifest_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
 class ShardSource:
     """Opens the manifest's shards on demand, verifies each once, reads row groups."""
 
-    def __init__(self, manifest: Mapping[str, Any], s3: fs.S3Options | None, verify: bool) -> None:
-        self.manifest, self.s3, self.verify = manifest, s3, verify
+    def __init__(self, manifest: Mapping[str, Any], storage: fs.Storage, verify: bool) -> None:
+        self.manifest, self.storage, self.verify = manifest, storage, verify
         self._files: dict[int, pq.ParquetFile] = {}
 
     def uri(self, shard: int) -> str:
@@ -51,7 +51,7 @@ class ShardSource:
     def cost_index(self) -> pa.Table:
         """The manifest's cost index, checked (costs.read_index; its sha256 when verifying)."""
         try:
-            return costs.read_index(self.manifest["_root"], self.manifest, self.s3, self.verify)
+            return costs.read_index(self.manifest["_root"], self.manifest, self.storage, self.verify)
         except costs.CostIndexError as err:
             raise ShardError(str(err)) from err
 
@@ -61,7 +61,7 @@ class ShardSource:
     def _open(self, shard: int) -> pq.ParquetFile:
         if shard not in self._files:
             uri = self.uri(shard)
-            filesystem, path = fs.filesystem(uri, self.s3)
+            filesystem, path = self.storage.filesystem(uri)
             try:
                 if self.verify:
                     self._check(shard, uri)
@@ -74,7 +74,7 @@ class ShardSource:
 
     def _check(self, shard: int, uri: str) -> None:
         expected = self.manifest["shards"][shard]
-        sha256, size = fs.sha256_of(uri, self.s3)
+        sha256, size = self.storage.sha256_of(uri)
         if size != expected["bytes"] or sha256 != expected["sha256"]:
             raise ShardError(
                 f"shard {uri} does not match the manifest: {size} bytes, sha256 {sha256} "

@@ -11,18 +11,16 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from mmpack_udfs.config import load_config
+from mmpack_udfs.config import Config, load_config
 from mmpack_udfs.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK, ConfigError, MmpackError
 from mmpack_udfs.io import fs, lock
+from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.pipeline import PIPELINE, STAGES, stage
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "main"]
-PIPELINE = ["normalize", "tokenize", "pack"]
-STAGE_COMMANDS = [  # (command, the stages it runs, help)
-    ("run", PIPELINE, "the whole pipeline: normalize → tokenize → pack (+ report)"),
-    ("normalize", ["normalize"], "ShareGPT files + media → Delta samples/quarantine"),
-    ("tokenize", ["tokenize"], "Delta samples → Delta tokenized (ids, labels, media spans)"),
-    ("pack", ["pack"], "Delta tokenized → packed Parquet shards + manifest.json + report"),
-    ("validate", ["validate"], "check OUT/packed: every shard against the manifest, every sample once"),
+STAGE_COMMANDS = [  # (command, the stages it runs, help): `run` and one command per stage
+    ("run", list(PIPELINE), f"the whole pipeline: {' → '.join(PIPELINE)} (+ report)"),
+    *[(s.name, [s.name], s.help) for s in STAGES],
 ]
 
 
@@ -38,14 +36,16 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 
 def add_config_file_options(parser: argparse.ArgumentParser, example: str) -> None:
     """--config FILE and repeatable --set KEY=VALUE."""
-    parser.add_argument("--config", metavar="FILE", help="YAML config merged over conf/defaults.yaml")
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML config merged over the defaults (`mmpack config`)"
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"override one config key, e.g. --set {example} (repeatable)",
+        help=f"override one config key, e.g. --set {example} (repeatable; every key: `mmpack config --keys`)",
     )
 
 
@@ -53,7 +53,7 @@ def add_verbose_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
 
 
-def config_from_args(args: argparse.Namespace) -> dict:
+def config_from_args(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
     for key, value in (("output", args.out), ("run_id", args.run_id), ("mode", args.mode)):
         if value is not None:
@@ -62,33 +62,30 @@ def config_from_args(args: argparse.Namespace) -> dict:
 
 
 @contextmanager
-def locked_output(config: dict, stages: Sequence[str]) -> Iterator[tuple[str, fs.S3Options]]:
-    """Hold the configured output root's lock; yields (output root, S3 options)."""
-    output, s3 = fs.normalize_uri(config["output"]), fs.S3Options.from_config(config.get("s3"))
-    with lock.output_lock(output, stages, s3):
-        yield output, s3
+def locked_run(args: argparse.Namespace, stages: Sequence[str]) -> Iterator[RunContext]:
+    """The run context of the command's config, holding its output root's lock."""
+    ctx = RunContext.of(config_from_args(args))
+    with lock.output_lock(ctx.output, stages, ctx.storage):
+        yield ctx
 
 
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
     from mmpack_udfs.io.spark import get_spark
-    from mmpack_udfs.normalize import stage as normalize
-    from mmpack_udfs.pack import stage as pack
-    from mmpack_udfs.tokenize import stage as tokenize
-    from mmpack_udfs.validate import stage as validate
 
-    modules = {"normalize": normalize, "tokenize": tokenize, "pack": pack, "validate": validate}
     config = config_from_args(args)
     if "tokenize" in stages:  # a tokenizer that cannot render the profile fails before Spark starts
-        tokenize.TokenizeSettings.from_config(config)
-    with locked_output(config, stages):  # one writer per root
-        spark = get_spark(config["spark"], args.master)
+        from mmpack_udfs.tokenize.encoder import TokenizeSettings
+
+        TokenizeSettings.from_config(config)
+    with locked_run(args, stages) as ctx:  # one writer per root
+        spark = get_spark(ctx.config.spark, args.master)
         started = time.time()
-        for number, stage in enumerate(stages, start=1):
+        for number, name in enumerate(stages, start=1):
             if len(stages) > 1:
                 elapsed = time.time() - started
-                print(f"[{number}/{len(stages)}] {stage} ...  ({elapsed:.0f} s elapsed)", flush=True)
-            modules[stage].run(spark, config)
+                print(f"[{number}/{len(stages)}] {name} ...  ({elapsed:.0f} s elapsed)", flush=True)
+            stage(name).run(spark, ctx)
     if len(stages) > 1:
         print(f"pipeline done: {', '.join(stages)} in {time.time() - started:.1f} s")
     return EXIT_OK
@@ -97,8 +94,8 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from mmpack_udfs.report import pack_report as report
 
-    config = load_config(args.config, [])
-    report.write_report(fs.normalize_uri(args.out), fs.S3Options.from_config(config.get("s3")))
+    ctx = RunContext.of(load_config(args.config, [f"output={args.out}"]))
+    report.write_report(ctx.output, ctx.storage)
     return EXIT_OK
 
 
@@ -108,14 +105,14 @@ def run_balance_report(args: argparse.Namespace) -> int:
     from mmpack_udfs.report.pack_report import ReportError
 
     config = load_config(args.config, args.overrides)
-    s3 = fs.S3Options.from_config(config.get("s3"))
+    storage = RunContext.of(config).storage
     if (args.out is None) == (args.index is None):
         raise ReportError("give exactly one of --out OUT and --index FILE.parquet")
     if args.out is not None:
-        index, per_row_group, profile = balance_report.from_output(fs.normalize_uri(args.out), s3)
+        index, per_row_group, profile = balance_report.from_output(fs.normalize_uri(args.out), storage)
     else:
-        index = balance_report.from_file(fs.normalize_uri(args.index), s3)
-        per_row_group, profile = args.bins_per_row_group, config["tokenize"]["profile"]
+        index = balance_report.from_file(fs.normalize_uri(args.index), storage)
+        per_row_group, profile = args.bins_per_row_group, config.tokenize.profile
     profile = args.profile or profile
     try:
         model = costs.CostModel.for_profile(config, profile)
@@ -129,9 +126,8 @@ def run_balance_report(args: argparse.Namespace) -> int:
 def run_gc(args: argparse.Namespace) -> int:
     from mmpack_udfs.pack import gc
 
-    config = config_from_args(args)
-    with locked_output(config, ["gc"]) as (output, s3):
-        print(gc.format_summary(gc.collect(output, s3, args.dry_run)))
+    with locked_run(args, ["gc"]) as ctx:
+        print(gc.format_summary(gc.collect(ctx.output, ctx.storage, args.dry_run)))
     return EXIT_OK
 
 
@@ -178,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("report", help="print and write the packing report of an output root")
     p.add_argument("out", metavar="OUT", help="output root of a pipeline run (local or s3://)")
-    p.add_argument("--config", metavar="FILE", help="YAML config (its s3 section is used)")
+    p.add_argument("--config", metavar="FILE", help="YAML config (its storage section is used)")
     add_verbose_option(p)
     p.set_defaults(func=run_report)
 

@@ -196,10 +196,10 @@ class ManifestError(MmpackError, RuntimeError):
     """No manifest, an unreadable one, or one of another format or format version."""
 
 
-def load_manifest(uri: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
+def load_manifest(uri: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
     """Read manifest.json at ``uri`` and check it is one this version of mmpack writes."""
     try:
-        manifest = json.loads(fs.read_bytes(uri, s3))
+        manifest = json.loads(storage.read_bytes(uri))
     except FileNotFoundError as err:
         raise ManifestError(f"no manifest at {uri}: nothing is published there (run the pack stage)") from err
     except OSError as err:  # S3 reports a missing key as an OSError

@@ -13,6 +13,7 @@ import pytest
 
 from mmpack_udfs.config import load_config
 from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.io.context import RunContext
 
 # Fake credentials for the loopback S3 server, set before Spark starts so that its Python
 # workers inherit them.
@@ -39,9 +40,10 @@ TEST_SPARK = {
 
 @pytest.fixture(scope="session")
 def spark():
+    from mmpack_udfs.config.model import SparkConfig
     from mmpack_udfs.io.spark import get_spark
 
-    session = get_spark(TEST_SPARK)
+    session = get_spark(SparkConfig(**TEST_SPARK))
     yield session
     session.stop()
 
@@ -52,10 +54,21 @@ def demo(tmp_path_factory) -> demo_data.DemoData:
     return demo_data.generate(tmp_path_factory.mktemp("demo"), samples=150, seed=7)
 
 
-def demo_config(demo: demo_data.DemoData, output, *overrides: str) -> dict:
-    config = load_config(demo.config, [f"output={output}", *overrides])
-    config["spark"] = TEST_SPARK
-    return config
+def demo_run(demo: demo_data.DemoData, output, *overrides: str) -> RunContext:
+    """The run context of the demo's config writing to ``output``, with ``overrides``."""
+    return RunContext.of(load_config(demo.config, [f"output={output}", *overrides]))
+
+
+def with_datasets(ctx: RunContext, datasets: list[dict]) -> RunContext:
+    """``ctx`` with its ``datasets`` replaced (entries as in a config file)."""
+    from mmpack_udfs.config.loading import checked
+
+    return RunContext.of(checked({**ctx.config.as_dict(), "datasets": datasets}))
+
+
+def only_dataset(ctx: RunContext, name: str) -> RunContext:
+    """``ctx`` reading only its dataset ``name``."""
+    return with_datasets(ctx, [d for d in ctx.config.as_dict()["datasets"] if d["name"] == name])
 
 
 def _free_port() -> int:
@@ -111,7 +124,7 @@ def tokenized_demo(spark, demo, tmp_path_factory):
     from mmpack_udfs.tokenize import stage as tokenize
 
     out = tmp_path_factory.mktemp("tokenized-demo")
-    config = demo_config(demo, out)
+    config = demo_run(demo, out)
     normalize.run(spark, config)
     tokenize.run(spark, config)
     return out
@@ -139,5 +152,5 @@ def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
     from mmpack_udfs.pack import stage as pack
 
     out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("packed-demo"))
-    pack.run(spark, demo_config(demo, out, *PACKED_DEMO_SETTINGS))
+    pack.run(spark, demo_run(demo, out, *PACKED_DEMO_SETTINGS))
     return out

@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 @dataclass(frozen=True)
 class S3Options:
-    """How to reach S3 (or an S3-compatible store). Hashable, so filesystems can be cached."""
+    """How to reach S3 (or an S3-compatible store): the ``s3`` config section."""
 
     endpoint_override: str | None = None
     region: str | None = None
@@ -32,8 +32,12 @@ class S3Options:
     retries: int = 5
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> S3Options:
-        return cls(**(section or {}))
+    def from_config(cls, section: Any) -> S3Options:
+        """From the ``s3`` config section (its model or a mapping) or None (the defaults)."""
+        if section is None:
+            return cls()
+        values = section if isinstance(section, Mapping) else section.model_dump()
+        return cls(**values)
 
 
 def is_s3(uri: str) -> bool:
@@ -64,14 +68,6 @@ def _s3_filesystem(options: S3Options) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**kwargs)
 
 
-def filesystem(uri: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, str]:
-    """The filesystem for ``uri`` and the path to use on it."""
-    if is_s3(uri):
-        return _s3_filesystem(s3 or S3Options()), uri[len("s3://") :]
-    path = uri[len("file://") :] if uri.startswith("file://") else uri
-    return pafs.LocalFileSystem(), os.path.abspath(path)
-
-
 def normalize_uri(uri: str) -> str:
     """An absolute local path or an s3:// URI, without a trailing slash."""
     if is_s3(uri):
@@ -79,93 +75,125 @@ def normalize_uri(uri: str) -> str:
     return os.path.abspath(uri[len("file://") :] if uri.startswith("file://") else uri)
 
 
-def expand(pattern: str, s3: S3Options | None = None) -> list[str]:
-    """Files named by a path, a directory (recursively) or a glob; sorted, hidden files skipped."""
-    if not is_s3(pattern):
-        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-        files: list[str] = []
-        for match in matches:
-            if os.path.isdir(match):
-                for root, dirs, names in os.walk(match):
-                    dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-                    files += [os.path.join(root, n) for n in sorted(names) if not n.startswith((".", "_"))]
-            elif os.path.exists(match):
-                files.append(match)
-        return sorted({os.path.abspath(f) for f in files})
-    fs, path = filesystem(pattern, s3)
-    if glob.has_magic(path):
-        prefix = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
-        infos = fs.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
-        keep = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
-    else:
-        info = fs.get_file_info(path)
-        if info.type == pafs.FileType.File:
-            keep = [path]
-        elif info.type == pafs.FileType.Directory:
-            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-            keep = [i.path for i in infos if i.type == pafs.FileType.File]
+@dataclass(frozen=True)
+class Storage:
+    """Every file access of a run: local paths and s3:// URIs, with one S3 setup. Resolved once
+    per run (``io.context.RunContext``); small, hashable and picklable, so it travels to
+    executors inside a task and its S3 filesystem is built once per worker."""
+
+    s3: S3Options = field(default_factory=S3Options)
+
+    def filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        """The filesystem for ``uri`` and the path to use on it."""
+        if is_s3(uri):
+            return _s3_filesystem(self.s3), uri[len("s3://") :]
+        path = uri[len("file://") :] if uri.startswith("file://") else uri
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+
+    def delta_options(self, uri: str) -> dict[str, str] | None:
+        """delta-rs storage options for an s3:// table (credentials from the AWS chain)."""
+        if not is_s3(uri):
+            return None
+        s3 = self.s3
+        options = {"AWS_S3_ALLOW_UNSAFE_RENAME": "true", "AWS_REGION": s3.region or "us-east-1"}
+        if s3.endpoint_override:
+            endpoint = s3.endpoint_override
+            if "://" not in endpoint:
+                endpoint = f"{s3.scheme or 'https'}://{endpoint}"
+            options["AWS_ENDPOINT_URL"] = endpoint
+            if endpoint.startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            if os.environ.get(key):
+                options[key] = os.environ[key]
+        return options
+
+    def expand(self, pattern: str) -> list[str]:
+        """Files named by a path, a directory (recursively) or a glob; sorted, hidden files skipped."""
+        if not is_s3(pattern):
+            matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+            files: list[str] = []
+            for match in matches:
+                if os.path.isdir(match):
+                    for root, dirs, names in os.walk(match):
+                        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+                        files += [
+                            os.path.join(root, n) for n in sorted(names) if not n.startswith((".", "_"))
+                        ]
+                elif os.path.exists(match):
+                    files.append(match)
+            return sorted({os.path.abspath(f) for f in files})
+        fs, path = self.filesystem(pattern)
+        if glob.has_magic(path):
+            prefix = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            infos = fs.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+            keep = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
         else:
-            keep = []
-    visible = [k for k in keep if not os.path.basename(k).startswith((".", "_"))]
-    return sorted(f"s3://{k}" for k in visible)
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.File:
+                keep = [path]
+            elif info.type == pafs.FileType.Directory:
+                infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                keep = [i.path for i in infos if i.type == pafs.FileType.File]
+            else:
+                keep = []
+        visible = [k for k in keep if not os.path.basename(k).startswith((".", "_"))]
+        return sorted(f"s3://{k}" for k in visible)
 
+    def file_info(self, uri: str) -> pafs.FileInfo:
+        fs, path = self.filesystem(uri)
+        return fs.get_file_info(path)
 
-def file_info(uri: str, s3: S3Options | None = None) -> pafs.FileInfo:
-    fs, path = filesystem(uri, s3)
-    return fs.get_file_info(path)
+    def read_bytes(self, uri: str, start: int = 0, length: int | None = None) -> bytes:
+        """Read a whole file, or ``length`` bytes from ``start``."""
+        fs, path = self.filesystem(uri)
+        with fs.open_input_file(path) as f:
+            if start:
+                f.seek(start)
+            return f.read() if length is None else f.read(length)
 
-
-def read_bytes(uri: str, s3: S3Options | None = None, start: int = 0, length: int | None = None) -> bytes:
-    """Read a whole file, or ``length`` bytes from ``start``."""
-    fs, path = filesystem(uri, s3)
-    with fs.open_input_file(path) as f:
-        if start:
-            f.seek(start)
-        return f.read() if length is None else f.read(length)
-
-
-@contextmanager
-def atomic_output(uri: str, s3: S3Options | None = None) -> Iterator[Any]:
-    """An output stream whose content appears under ``uri`` only once it is complete: locally
-    a dot-temporary file in the same folder, renamed at the end (removed on failure); on S3
-    an upload, which becomes visible when it completes."""
-    fs, path = filesystem(uri, s3)
-    if is_s3(uri):
-        with fs.open_output_stream(path) as stream:
+    @contextmanager
+    def atomic_output(self, uri: str) -> Iterator[Any]:
+        """An output stream whose content appears under ``uri`` only once it is complete: locally
+        a dot-temporary file in the same folder, renamed at the end (removed on failure); on S3
+        an upload, which becomes visible when it completes."""
+        fs, path = self.filesystem(uri)
+        if is_s3(uri):
+            with fs.open_output_stream(path) as stream:
+                yield stream
+            return
+        folder, name = os.path.split(path)
+        fs.create_dir(folder, recursive=True)
+        temporary = os.path.join(folder, f".{name}.tmp")
+        stream = fs.open_output_stream(temporary)
+        try:
             yield stream
-        return
-    folder, name = os.path.split(path)
-    fs.create_dir(folder, recursive=True)
-    temporary = os.path.join(folder, f".{name}.tmp")
-    stream = fs.open_output_stream(temporary)
-    try:
-        yield stream
-        if not stream.closed:
-            stream.close()
-        fs.move(temporary, path)
-    except BaseException:
-        if not stream.closed:
-            stream.close()
-        fs.delete_file(temporary)
-        raise
+            if not stream.closed:
+                stream.close()
+            fs.move(temporary, path)
+        except BaseException:
+            if not stream.closed:
+                stream.close()
+            fs.delete_file(temporary)
+            raise
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        """Write a whole file (atomically on local disks: see ``atomic_output``)."""
+        with self.atomic_output(uri) as f:
+            f.write(data)
+
+    def sha256_of(self, uri: str, chunk_bytes: int = 8 << 20) -> tuple[str, int]:
+        """The sha256 (hex) and size in bytes of a file, streamed in chunks."""
+        fs, path = self.filesystem(uri)
+        digest, size = hashlib.sha256(), 0
+        with fs.open_input_stream(path) as f:
+            while chunk := f.read(chunk_bytes):
+                digest.update(chunk)
+                size += len(chunk)
+        return digest.hexdigest(), size
+
+    def exists(self, uri: str) -> bool:
+        return self.file_info(uri).type != pafs.FileType.NotFound
 
 
-def write_bytes(uri: str, data: bytes, s3: S3Options | None = None) -> None:
-    """Write a whole file (atomically on local disks: see ``atomic_output``)."""
-    with atomic_output(uri, s3) as f:
-        f.write(data)
-
-
-def sha256_of(uri: str, s3: S3Options | None = None, chunk_bytes: int = 8 << 20) -> tuple[str, int]:
-    """The sha256 (hex) and size in bytes of a file, streamed in chunks."""
-    fs, path = filesystem(uri, s3)
-    digest, size = hashlib.sha256(), 0
-    with fs.open_input_stream(path) as f:
-        while chunk := f.read(chunk_bytes):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def exists(uri: str, s3: S3Options | None = None) -> bool:
-    return file_info(uri, s3).type != pafs.FileType.NotFound
+LOCAL = Storage()  # local files only (and S3 with the default setup)

@@ -36,7 +36,7 @@ class OutputLockedError(MmpackError, RuntimeError):
 
 
 @contextmanager
-def output_lock(output: str, stages: Sequence[str], s3: fs.S3Options | None = None) -> Iterator[dict]:
+def output_lock(output: str, stages: Sequence[str], storage: fs.Storage = fs.LOCAL) -> Iterator[dict]:
     """Hold ``output``'s lock while the block runs; yields the owner record written."""
     uri = fs.join(output, LOCK_NAME)
     owner = {
@@ -46,25 +46,25 @@ def output_lock(output: str, stages: Sequence[str], s3: fs.S3Options | None = No
         "stages": list(stages),
         "started": time.time(),
     }
-    _acquire(uri, owner, s3)
+    _acquire(uri, owner, storage)
     try:
         yield owner
     finally:
-        holder = _read(uri, s3)
+        holder = _read(uri, storage)
         if holder is not None and holder.get("token") == owner["token"]:
-            _delete(uri, s3)
+            _delete(uri, storage)
 
 
-def _acquire(uri: str, owner: dict, s3: fs.S3Options | None) -> None:
+def _acquire(uri: str, owner: dict, storage: fs.Storage) -> None:
     for _ in range(2):  # a second try after taking over a dead owner's lock
-        if _create(uri, owner, s3):
+        if _create(uri, owner, storage):
             return
-        holder = _read(uri, s3)
+        holder = _read(uri, storage)
         if holder is None:
             continue  # released between our two looks
         if _dead_here(holder):
             print(f"mmpack: taking over the lock of run pid {holder['pid']} on this host, which is gone")
-            _delete(uri, s3)
+            _delete(uri, storage)
             continue
         age = (time.time() - float(holder.get("started", time.time()))) / 60
         raise OutputLockedError(
@@ -75,10 +75,10 @@ def _acquire(uri: str, owner: dict, s3: fs.S3Options | None) -> None:
     raise OutputLockedError(f"could not take the lock {uri}")
 
 
-def _create(uri: str, owner: dict, s3: fs.S3Options | None) -> bool:
+def _create(uri: str, owner: dict, storage: fs.Storage) -> bool:
     data = json.dumps(owner).encode()
     if not fs.is_s3(uri):
-        path = fs.filesystem(uri)[1]
+        path = fs.LOCAL.filesystem(uri)[1]
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
             descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -87,25 +87,25 @@ def _create(uri: str, owner: dict, s3: fs.S3Options | None) -> bool:
         with os.fdopen(descriptor, "wb") as f:
             f.write(data)
         return True
-    if fs.exists(uri, s3):
+    if storage.exists(uri):
         return False
-    fs.write_bytes(uri, data, s3)
-    holder = _read(uri, s3)
+    storage.write_bytes(uri, data)
+    holder = _read(uri, storage)
     return holder is not None and holder.get("token") == owner["token"]
 
 
-def _read(uri: str, s3: fs.S3Options | None) -> dict | None:
+def _read(uri: str, storage: fs.Storage) -> dict | None:
     """The lock's owner record; None when there is no lock."""
     try:
-        return json.loads(fs.read_bytes(uri, s3))
+        return json.loads(storage.read_bytes(uri))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {} if fs.exists(uri, s3) else None  # a half-written lock is held, by someone
+        return {} if storage.exists(uri) else None  # a half-written lock is held, by someone
 
 
-def _delete(uri: str, s3: fs.S3Options | None) -> None:
-    filesystem, path = fs.filesystem(uri, s3)
+def _delete(uri: str, storage: fs.Storage) -> None:
+    filesystem, path = storage.filesystem(uri)
     with suppress(FileNotFoundError):
         filesystem.delete_file(path)
 

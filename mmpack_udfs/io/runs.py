@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mmpack_udfs import schemas
-from mmpack_udfs.io import fs, tables
+from mmpack_udfs.io import tables
+from mmpack_udfs.io.context import RunContext
 
 
 def run_id_from(stage: str, facts: Mapping[str, Any]) -> str:
@@ -18,26 +18,23 @@ def run_id_from(stage: str, facts: Mapping[str, Any]) -> str:
     return f"{stage}-{hashlib.sha256(blob).hexdigest()[:20]}"
 
 
-def previous_summary(
-    output: str, report_name: str, run_id: str, mode: str, uris: Sequence[str], s3: fs.S3Options | None
-) -> dict | None:
+def previous_summary(ctx: RunContext, report_name: str, run_id: str, uris: Sequence[str]) -> dict | None:
     """The saved summary of ``run_id`` if every one of its tables still holds its commit."""
-    if any(tables.committed_run(uri, run_id, mode, s3) is None for uri in uris):
+    if any(tables.committed_run(uri, run_id, ctx.mode, ctx.storage) is None for uri in uris):
         return None
-    report = schemas.report_uri(output, report_name)
-    if not fs.exists(report, s3):
+    report = ctx.report(report_name)
+    if not ctx.storage.exists(report):
         return None
-    summary = json.loads(fs.read_bytes(report, s3))
+    summary = json.loads(ctx.storage.read_bytes(report))
     return {**summary, "skipped": True} if summary.get("run_id") == run_id else None
 
 
 def publish_summary(
-    output: str,
+    ctx: RunContext,
     report_name: str,
     summary: Mapping[str, Any],
     formatter: Callable[[Mapping[str, Any]], str],
-    s3: fs.S3Options | None,
 ) -> None:
     """Write the summary to ``OUT/report/<report_name>`` and print it."""
-    fs.write_bytes(schemas.report_uri(output, report_name), json.dumps(summary, indent=2).encode(), s3)
+    ctx.storage.write_bytes(ctx.report(report_name), json.dumps(summary, indent=2).encode())
     print(formatter(summary))

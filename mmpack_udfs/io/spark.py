@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any
 
 import pyarrow as pa
+
+from mmpack_udfs.config.model import SparkConfig
 
 EXECUTOR_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
@@ -26,23 +26,23 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def session_settings(spark_config: Mapping[str, Any], master: str | None = None) -> dict[str, str]:
+def session_settings(spark_config: SparkConfig, master: str | None = None) -> dict[str, str]:
     """Every Spark setting the session is built with, as strings (pure; easy to test)."""
-    settings = {"spark.app.name": str(spark_config.get("app_name", "mmpack"))}
+    settings = {"spark.app.name": spark_config.app_name}
     if not under_spark_submit():
-        settings["spark.master"] = master or str(spark_config.get("master", "local[*]"))
+        settings["spark.master"] = master or spark_config.master
         # Executors in local mode run this interpreter, so they see the same packages.
         settings["spark.pyspark.python"] = sys.executable
         settings["spark.pyspark.driver.python"] = sys.executable
     for key, value in EXECUTOR_ENV.items():
         settings[f"spark.executorEnv.{key}"] = value
     settings["spark.sql.execution.arrow.pyspark.enabled"] = "true"
-    for key, value in (spark_config.get("conf") or {}).items():
+    for key, value in spark_config.conf.items():
         settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
     return settings
 
 
-def get_spark(spark_config: Mapping[str, Any], master: str | None = None):
+def get_spark(spark_config: SparkConfig, master: str | None = None):
     """Build (or reuse) the SparkSession for a job; returns ``pyspark.sql.SparkSession``."""
     from pyspark.sql import SparkSession
 
@@ -53,7 +53,7 @@ def get_spark(spark_config: Mapping[str, Any], master: str | None = None):
     for key, value in session_settings(spark_config, master).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(str(spark_config.get("log_level", "WARN")))
+    spark.sparkContext.setLogLevel(spark_config.log_level.upper())
     return spark
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,39 +56,20 @@ def app_id(run_id: str) -> str:
     return f"mmpack:{run_id}"
 
 
-def storage_options(uri: str, s3: fs.S3Options | None = None) -> dict[str, str] | None:
-    """delta-rs storage options for an s3:// table (credentials from the AWS chain)."""
-    if not fs.is_s3(uri):
-        return None
-    s3 = s3 or fs.S3Options()
-    options = {"AWS_S3_ALLOW_UNSAFE_RENAME": "true", "AWS_REGION": s3.region or "us-east-1"}
-    if s3.endpoint_override:
-        endpoint = s3.endpoint_override
-        if "://" not in endpoint:
-            endpoint = f"{s3.scheme or 'https'}://{endpoint}"
-        options["AWS_ENDPOINT_URL"] = endpoint
-        if endpoint.startswith("http://"):
-            options["AWS_ALLOW_HTTP"] = "true"
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        if os.environ.get(key):
-            options[key] = os.environ[key]
-    return options
-
-
-def open_table(uri: str, s3: fs.S3Options | None = None, version: int | None = None) -> DeltaTable | None:
+def open_table(uri: str, storage: fs.Storage = fs.LOCAL, version: int | None = None) -> DeltaTable | None:
     """The Delta table at ``uri`` (at ``version``, default the latest), or None if there is none yet."""
-    options = storage_options(uri, s3)
+    options = storage.delta_options(uri)
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         return None
     return DeltaTable(uri, version=version, storage_options=options)
 
 
 def committed_run(
-    uri: str, run_id: str, mode: str = "append", s3: fs.S3Options | None = None
+    uri: str, run_id: str, mode: str = "append", storage: fs.Storage = fs.LOCAL
 ) -> CommitResult | None:
     """The commit this run id made, if it still stands: anywhere in the log for ``append``,
     the latest commit for ``overwrite`` (another run may have overwritten it since)."""
-    table = open_table(uri, s3)
+    table = open_table(uri, storage)
     if table is None or table.transaction_version(app_id(run_id)) is None:
         return None
     for entry in table.history():
@@ -129,10 +109,10 @@ class Snapshot:
     schema: pa.Schema
 
 
-def snapshot(uri: str, s3: fs.S3Options | None = None, version: int | None = None) -> Snapshot:
+def snapshot(uri: str, storage: fs.Storage = fs.LOCAL, version: int | None = None) -> Snapshot:
     """The table's current state (or that of ``version``), after the safety checks (one pass
     over the Delta log)."""
-    table = open_table(uri, s3, version)
+    table = open_table(uri, storage, version)
     if table is None:
         raise TableError(f"no Delta table at {uri}")
     check_readable(table, uri)
@@ -140,37 +120,37 @@ def snapshot(uri: str, s3: fs.S3Options | None = None, version: int | None = Non
     return Snapshot(table.version(), files, pa.schema(table.schema().to_arrow()))
 
 
-def data_files(uri: str, s3: fs.S3Options | None = None) -> tuple[int, list[str]]:
+def data_files(uri: str, storage: fs.Storage = fs.LOCAL) -> tuple[int, list[str]]:
     """The table version and the URIs of its current data files, after the safety checks."""
-    snap = snapshot(uri, s3)
+    snap = snapshot(uri, storage)
     return snap.version, snap.files
 
 
 def read_arrow(
     uri: str,
-    s3: fs.S3Options | None = None,
+    storage: fs.Storage = fs.LOCAL,
     columns: Sequence[str] | None = None,
     snap: Snapshot | None = None,
 ) -> pa.Table:
     """The table (or some of its columns) as Arrow on the driver: small tables, reports, tests.
     ``snap``: read that snapshot (one already taken) instead of the table's current state."""
-    snap = snap or snapshot(uri, s3)
+    snap = snap or snapshot(uri, storage)
     schema = snap.schema if columns is None else pa.schema([snap.schema.field(c) for c in columns])
     if not snap.files:
         return schema.empty_table()
     parts = []
     for file in snap.files:
-        filesystem, path = fs.filesystem(file, s3)
+        filesystem, path = storage.filesystem(file)
         parts.append(pq.read_table(path, columns=columns, filesystem=filesystem))
     return pa.concat_tables(parts, promote_options="permissive")
 
 
-def read_table(spark, uri: str, s3: fs.S3Options | None = None, snap: Snapshot | None = None):
+def read_table(spark, uri: str, storage: fs.Storage = fs.LOCAL, snap: Snapshot | None = None):
     """A Spark DataFrame over the table's current files (local: Spark's Parquet reader), or
     over those of ``snap``."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    snap = snap or snapshot(uri, s3)
+    snap = snap or snapshot(uri, storage)
     files, arrow_schema = snap.files, snap.schema
     spark_schema = from_arrow_schema(arrow_schema)
     if not files:
@@ -182,7 +162,7 @@ def read_table(spark, uri: str, s3: fs.S3Options | None = None, snap: Snapshot |
     def read_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for file in batch.column("uri").to_pylist():
-                filesystem, path = fs.filesystem(file, s3)
+                filesystem, path = storage.filesystem(file)
                 yield from (pq.read_table(path, filesystem=filesystem).cast(arrow_schema).to_batches())
 
     return listing.mapInArrow(read_files, spark_schema)
@@ -197,14 +177,14 @@ def write_table(
     mode: str,
     sort_by: Sequence[str],
     rows_per_file: int,
-    s3: fs.S3Options | None = None,
+    storage: fs.Storage = fs.LOCAL,
 ) -> CommitResult:
     """Write ``df`` as Parquet files under ``uri`` and commit them as one Delta transaction.
 
     The same rows always land in the same files with the same bytes: rows are hashed to
     ``ceil(rows / rows_per_file)`` partitions by ``sort_by`` and sorted inside each.
     """
-    previous = committed_run(uri, run_id, mode, s3)
+    previous = committed_run(uri, run_id, mode, storage)
     if previous is not None:
         return previous
     rows = df.count()
@@ -213,14 +193,14 @@ def write_table(
     if n_files:
         tag = run_tag(run_id)
         ordered = df.select(*schema.names).repartition(n_files, *sort_by).sortWithinPartitions(*sort_by)
-        writer = _partition_writer(uri, schema, tag, s3)
+        writer = _partition_writer(uri, schema, tag, storage)
         from pyspark.sql.pandas.types import from_arrow_schema
 
         written = [r.asDict() for r in ordered.mapInArrow(writer, from_arrow_schema(WRITTEN_FILE)).collect()]
     total = sum(w["rows"] for w in written)
     if total != rows:
         raise TableError(f"{uri}: wrote {total} rows but the DataFrame has {rows}")
-    version = commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, s3=s3)
+    version = commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, storage=storage)
     return CommitResult(uri, version, rows, len(written), skipped=False)
 
 
@@ -229,11 +209,11 @@ def write_part(
     name: str,
     batches: Iterable[pa.RecordBatch],
     schema: pa.Schema,
-    s3: fs.S3Options | None = None,
+    storage: fs.Storage = fs.LOCAL,
 ) -> dict | None:
     """Stream ``batches`` into the Parquet file ``uri/name``; its add-action facts, or None
     when there were no rows (no file is left behind)."""
-    filesystem, root = fs.filesystem(uri, s3)
+    filesystem, root = storage.filesystem(uri)
     if not fs.is_s3(uri):
         filesystem.create_dir(root, recursive=True)
     path = f"{root}/{name}"
@@ -263,14 +243,14 @@ def run_tag(run_id: str) -> str:
     return hashlib.sha256(run_id.encode()).hexdigest()[:16]
 
 
-def _partition_writer(uri: str, schema: pa.Schema, tag: str, s3: fs.S3Options | None):
+def _partition_writer(uri: str, schema: pa.Schema, tag: str, storage: fs.Storage):
     """The mapInArrow function that writes one partition to one Parquet file."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         name = f"part-{TaskContext.get().partitionId():05d}-{tag}.parquet"
-        written = write_part(uri, name, batches, schema, s3)
+        written = write_part(uri, name, batches, schema, storage)
         if written is not None:
             yield pa.RecordBatch.from_pylist([written], schema=WRITTEN_FILE)
 
@@ -285,12 +265,12 @@ def commit(
     run_id: str,
     mode: str,
     rows: int,
-    s3: fs.S3Options | None,
+    storage: fs.Storage,
 ) -> int:
     """Commit ``written`` as one transaction carrying ``run_id``; the table's version after it.
     A run whose commit still stands is not committed again (a re-run after a kill between two
     tables' commits, a retried driver): its version is returned."""
-    done = committed_run(uri, run_id, mode, s3)
+    done = committed_run(uri, run_id, mode, storage)
     if done is not None:
         return done.version
     actions = [
@@ -311,8 +291,8 @@ def commit(
             "mmpack_files": str(len(actions)),
         },
     )
-    options = storage_options(uri, s3)
-    table = open_table(uri, s3)
+    options = storage.delta_options(uri)
+    table = open_table(uri, storage)
     txn_version = 1 if table is None else table.version() + 1
     properties.app_transactions = [Transaction(app_id(run_id), txn_version)]
     if table is None:
@@ -326,4 +306,4 @@ def commit(
         )
     else:
         table.create_write_transaction(actions, mode=mode, schema=schema, commit_properties=properties)
-    return open_table(uri, s3).version()
+    return open_table(uri, storage).version()

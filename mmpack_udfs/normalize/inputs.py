@@ -79,7 +79,7 @@ class InputFile:
     mtime_ns: int
 
 
-def list_inputs(specs: Sequence[DatasetSpec], s3: fs.S3Options | None = None) -> list[InputFile]:
+def list_inputs(specs: Sequence[DatasetSpec], storage: fs.Storage = fs.LOCAL) -> list[InputFile]:
     """Every input file of every dataset, with its format; errors for empty or unknown inputs."""
     files: list[InputFile] = []
     for spec in specs:
@@ -88,17 +88,17 @@ def list_inputs(specs: Sequence[DatasetSpec], s3: fs.S3Options | None = None) ->
                 f"dataset '{spec.name}': media_root {spec.media_root} is not a directory (every "
                 "media reference would be quarantined); fix the path (relative to the config file)"
             )
-        uris = sorted({u for pattern in spec.paths for u in fs.expand(pattern, s3)})
+        uris = sorted({u for pattern in spec.paths for u in storage.expand(pattern)})
         if not uris:
             raise InputError(f"dataset '{spec.name}': no input files match {list(spec.paths)}")
         for uri in uris:
-            info = fs.file_info(uri, s3)
-            fmt = detect_format(uri, spec.format, s3)
+            info = storage.file_info(uri)
+            fmt = detect_format(uri, spec.format, storage)
             files.append(InputFile(spec.name, uri, fmt, info.size, info.mtime_ns or 0))
     return files
 
 
-def detect_format(uri: str, configured: str, s3: fs.S3Options | None = None) -> str:
+def detect_format(uri: str, configured: str, storage: fs.Storage = fs.LOCAL) -> str:
     """The configured format, or one from the extension (a .json of JSON lines is jsonl)."""
     if configured != "auto":
         return configured
@@ -109,13 +109,13 @@ def detect_format(uri: str, configured: str, s3: fs.S3Options | None = None) -> 
             "set the dataset's format, or narrow its paths)"
         )
     fmt = FORMATS_BY_EXTENSION[ext]
-    if fmt == "json" and _looks_like_json_lines(uri, s3):
+    if fmt == "json" and _looks_like_json_lines(uri, storage):
         return "jsonl"
     return fmt
 
 
-def _looks_like_json_lines(uri: str, s3: fs.S3Options | None) -> bool:
-    head = fs.read_bytes(uri, s3, 0, READ_CHUNK).removeprefix(UTF8_BOM).lstrip()
+def _looks_like_json_lines(uri: str, storage: fs.Storage) -> bool:
+    head = storage.read_bytes(uri, 0, READ_CHUNK).removeprefix(UTF8_BOM).lstrip()
     if not head.startswith(b"{"):
         return False
     lines = head.rstrip().split(b"\n")
@@ -146,16 +146,16 @@ def splits_table(splits: Sequence[Split]) -> pa.Table:
     return pa.Table.from_pylist([asdict(s) for s in splits], schema=SPLIT)
 
 
-def _open(uri: str, s3: fs.S3Options | None = None):
-    filesystem, path = fs.filesystem(uri, s3)
+def _open(uri: str, storage: fs.Storage = fs.LOCAL):
+    filesystem, path = storage.filesystem(uri)
     return filesystem.open_input_file(path)
 
 
-def read_split(split: Split, s3: fs.S3Options | None = None) -> Iterator[dict]:
+def read_split(split: Split, storage: fs.Storage = fs.LOCAL) -> Iterator[dict]:
     """Raw records of one split, then one summary row with ``records_read``."""
     reader = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[split.format]
     count = 0
-    for position, raw, error in reader(split, s3):
+    for position, raw, error in reader(split, storage):
         count += 1
         yield _raw(split, position, raw, error)
     yield {**_raw(split, -1, None, None), "records_read": count}
@@ -172,9 +172,9 @@ def _raw(split: Split, position: int, raw: str | None, error: str | None) -> dic
     }
 
 
-def _read_jsonl(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]:
+def _read_jsonl(split: Split, storage) -> Iterator[tuple[int, str | None, str | None]]:
     """Lines whose first byte lies in [start, start + length)."""
-    with _open(split.uri, s3) as f:
+    with _open(split.uri, storage) as f:
         size = f.size()
         end = min(split.start + split.length, size)
         pos = split.start
@@ -221,9 +221,9 @@ def _decode_line(position: int, line: bytes) -> tuple[int, str | None, str | Non
         return position, line.decode("utf-8", errors="replace"), f"invalid_json: not UTF-8: {err}"
 
 
-def _read_json(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]:
+def _read_json(split: Split, storage) -> Iterator[tuple[int, str | None, str | None]]:
     """Elements of a top-level JSON array; an invalid file is one invalid_json record."""
-    data = fs.read_bytes(split.uri, s3)
+    data = storage.read_bytes(split.uri)
     try:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as err:
@@ -237,9 +237,9 @@ def _read_json(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]
         yield index, json.dumps(item, ensure_ascii=False), None
 
 
-def _read_parquet(split: Split, s3) -> Iterator[tuple[int, str | None, str | None]]:
+def _read_parquet(split: Split, storage) -> Iterator[tuple[int, str | None, str | None]]:
     """Rows of one row group, as JSON text (bytes and timestamps rendered as strings)."""
-    with _open(split.uri, s3) as f:
+    with _open(split.uri, storage) as f:
         parquet = pq.ParquetFile(f)
         if parquet.num_row_groups == 0:
             return
@@ -261,13 +261,13 @@ def _json_value(value: Any) -> Any:
 
 
 def read_splits_batches(
-    batches: Iterator[pa.RecordBatch], s3: fs.S3Options | None = None, batch_rows: int = 1000
+    batches: Iterator[pa.RecordBatch], storage: fs.Storage = fs.LOCAL, batch_rows: int = 1000
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: split rows in, raw record rows out."""
     rows: list[dict] = []
     for batch in batches:
         for split in batch.to_pylist():
-            for row in read_split(Split(**split), s3):
+            for row in read_split(Split(**split), storage):
                 rows.append(row)
                 if len(rows) >= batch_rows:
                     yield pa.RecordBatch.from_pylist(rows, schema=RAW)

@@ -102,10 +102,10 @@ def _link_problem(path: str) -> str:
     return "unreadable"
 
 
-def probe(kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None = None) -> MediaInfo:
+def probe(kind: str, uri: str, settings: ProbeSettings, storage: fs.Storage = fs.LOCAL) -> MediaInfo:
     """Probe one media file; raise Rejected with the reason it cannot be used."""
     try:
-        info = fs.file_info(uri, s3)
+        info = storage.file_info(uri)
     except OSError as err:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: {err}") from err
     if info.type == pafs.FileType.NotFound:
@@ -117,8 +117,8 @@ def probe(kind: str, uri: str, settings: ProbeSettings, s3: fs.S3Options | None 
     if info.type != pafs.FileType.File:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri} is not a file")
     if kind == "image":
-        return probe_image(uri, fs.read_bytes(uri, s3), settings)
-    return probe_video(uri, info.size, settings, s3)
+        return probe_image(uri, storage.read_bytes(uri), settings)
+    return probe_video(uri, info.size, settings, storage)
 
 
 def _stable(err: Exception) -> str:
@@ -157,14 +157,14 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
     return MediaInfo("image", uri, len(data), width, height)
 
 
-def probe_video(uri: str, size: int, settings: ProbeSettings, s3: fs.S3Options | None = None) -> MediaInfo:
+def probe_video(uri: str, size: int, settings: ProbeSettings, storage: fs.Storage = fs.LOCAL) -> MediaInfo:
     """Geometry, fps and duration from OpenCV; the first frames must decode, and the frame
     count is the frames that decode (up to what the header claims), not the header's claim."""
     if not fs.is_s3(uri):
         return _probe_video_file(uri, uri, size, settings)
     suffix = os.path.splitext(uri)[1]
     with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
-        tmp.write(fs.read_bytes(uri, s3))
+        tmp.write(storage.read_bytes(uri))
         tmp.flush()
         return _probe_video_file(uri, tmp.name, size, settings)
 

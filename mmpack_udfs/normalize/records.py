@@ -11,7 +11,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -20,6 +20,9 @@ from mmpack_udfs.normalize import media
 from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
+
+if TYPE_CHECKING:
+    from mmpack_udfs.config.model import NormalizeConfig
 
 LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
@@ -31,13 +34,14 @@ class NormalizeSettings:
     probe_cache_size: int = 4096
 
     @classmethod
-    def from_config(cls, section: Mapping) -> NormalizeSettings:
+    def from_config(cls, section: NormalizeConfig) -> NormalizeSettings:
+        """What the executors need of the (checked) ``normalize`` section."""
         probe = media.ProbeSettings(
-            max_image_pixels=int(section["max_image_pixels"]),
-            decode_images=bool(section["decode_images"]),
-            video_check_frames=int(section["video_check_frames"]),
+            max_image_pixels=section.max_image_pixels,
+            decode_images=section.decode_images,
+            video_check_frames=section.video_check_frames,
         )
-        return cls(probe=probe, max_raw_chars=int(section["max_raw_chars"]))
+        return cls(probe=probe, max_raw_chars=section.max_raw_chars)
 
 
 class RecordNormalizer:
@@ -47,11 +51,11 @@ class RecordNormalizer:
         self,
         specs: Mapping[str, DatasetSpec],
         settings: NormalizeSettings,
-        s3: fs.S3Options | None = None,
+        storage: fs.Storage = fs.LOCAL,
     ) -> None:
         self.specs = specs
         self.settings = settings
-        self.s3 = s3
+        self.storage = storage
         self._probed: OrderedDict[tuple[str, str], media.MediaInfo | Rejected] = OrderedDict()
 
     def __call__(self, raw: Mapping) -> dict:
@@ -88,7 +92,7 @@ class RecordNormalizer:
         key = (kind, uri)
         if key not in self._probed:
             try:
-                self._probed[key] = media.probe(kind, uri, self.settings.probe, self.s3)
+                self._probed[key] = media.probe(kind, uri, self.settings.probe, self.storage)
             except Rejected as rejected:
                 self._probed[key] = rejected
             if len(self._probed) > self.settings.probe_cache_size:
@@ -142,10 +146,10 @@ def normalize_batches(
     batches: Iterator[pa.RecordBatch],
     specs: Mapping[str, DatasetSpec],
     settings: NormalizeSettings,
-    s3: fs.S3Options | None = None,
+    storage: fs.Storage = fs.LOCAL,
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: raw record batches in, NORMALIZED batches out (one row per record)."""
-    normalizer = RecordNormalizer(specs, settings, s3)
+    normalizer = RecordNormalizer(specs, settings, storage)
     for batch in batches:
         rows = [normalizer(raw) for raw in batch.to_pylist()]
         if rows:

@@ -18,10 +18,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+
+if TYPE_CHECKING:
+    from mmpack_udfs.config.model import DatasetConfig
 
 USER_SIDE = frozenset({"user", "tool"})
 MODEL_SIDE = frozenset({"assistant", "function_call"})
@@ -85,17 +88,18 @@ class DatasetSpec:
     tags: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def from_config(cls, entry: Mapping[str, Any]) -> DatasetSpec:
-        base = entry.get("_base_dir") or os.getcwd()
-        paths = entry["paths"] if isinstance(entry["paths"], list) else [entry["paths"]]
+    def from_config(cls, entry: DatasetConfig) -> DatasetSpec:
+        """The spec of one ``datasets`` entry, its paths resolved against the config's folder."""
+        base = entry.base_dir or os.getcwd()
+        paths = entry.paths if isinstance(entry.paths, list) else [entry.paths]
         return cls(
-            name=str(entry["name"]),
-            paths=tuple(_resolve(str(p), base) for p in paths),
-            media_root=_resolve(str(entry["media_root"]), base),
-            format=entry.get("format", "auto"),
-            dialect=entry.get("dialect", "auto"),
-            columns=tuple(sorted((entry.get("columns") or {}).items())),
-            tags=tuple(sorted((k, _hashable(v)) for k, v in (entry.get("tags") or {}).items())),
+            name=entry.name,
+            paths=tuple(_resolve(p, base) for p in paths),
+            media_root=_resolve(entry.media_root, base),
+            format=entry.format,
+            dialect=entry.dialect,
+            columns=tuple(sorted(entry.columns.items())),
+            tags=tuple(sorted((k, _hashable(v)) for k, v in entry.tags.items())),
         )
 
     def mapping(self, dialect: str) -> KeyMap:

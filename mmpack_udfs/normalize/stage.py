@@ -15,9 +15,10 @@ from functools import partial
 from typing import Any
 
 from mmpack_udfs import schemas
-from mmpack_udfs.config import ConfigError, config_hash
+from mmpack_udfs.config import Config, ConfigError, config_hash
 from mmpack_udfs.errors import ReconciliationError
-from mmpack_udfs.io import fs, runs, tables
+from mmpack_udfs.io import runs, tables
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.normalize import inputs, records
 from mmpack_udfs.normalize.sharegpt import DatasetSpec
@@ -25,41 +26,38 @@ from mmpack_udfs.normalize.sharegpt import DatasetSpec
 REPORT_NAME = "normalize.json"
 
 
-def derive_run_id(config: Mapping[str, Any], files: list[inputs.InputFile]) -> str:
+def derive_run_id(config: Config, files: list[inputs.InputFile]) -> str:
     """A run id from the config and the input files' names, sizes and modification times."""
     listing = [[f.dataset, f.uri, f.size, f.mtime_ns] for f in files]
     return runs.run_id_from("normalize", {"config": config_hash(config), "files": listing})
 
 
-def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
+def run(spark, ctx: RunContext) -> dict[str, Any]:
     """Run the stage; return (and write, and print) the summary. Raises on reconciliation."""
     started = time.time()
-    if not config["datasets"]:
+    config, storage = ctx.config, ctx.storage
+    if not config.datasets:
         raise ConfigError("no datasets configured: add a 'datasets' list to the config")
-    s3 = fs.S3Options.from_config(config.get("s3"))
-    specs = {d["name"]: DatasetSpec.from_config(d) for d in config["datasets"]}
-    files = inputs.list_inputs(list(specs.values()), s3)
-    run_id = config["run_id"] or derive_run_id(config, files)
-    output = fs.normalize_uri(config["output"])
-    samples_uri = schemas.table_uri(output, "samples")
-    quarantine_uri = schemas.table_uri(output, "quarantine")
-    mode = config["mode"]
+    specs = {d.name: DatasetSpec.from_config(d) for d in config.datasets}
+    files = inputs.list_inputs(list(specs.values()), storage)
+    run_id = ctx.run_id or derive_run_id(config, files)
+    samples_uri, quarantine_uri = ctx.table("samples"), ctx.table("quarantine")
 
-    previous = runs.previous_summary(output, REPORT_NAME, run_id, mode, [samples_uri, quarantine_uri], s3)
+    previous = runs.previous_summary(ctx, REPORT_NAME, run_id, [samples_uri, quarantine_uri])
     if previous is not None:
         print(f"normalize: run {run_id} is already committed; nothing to do")
         print(format_summary(previous))
         return previous
 
-    settings = records.NormalizeSettings.from_config(config["normalize"])
-    splits = inputs.plan_splits(files, config["normalize"]["split_bytes"])
-    normalized = _normalized_rows(spark, splits, specs, settings, s3)
-    unique = _unique_samples(spark, normalized, samples_uri, mode, s3)
+    settings = records.NormalizeSettings.from_config(config.normalize)
+    splits = inputs.plan_splits(files, config.normalize.split_bytes)
+    normalized = _normalized_rows(spark, splits, specs, settings, storage)
+    unique = _unique_samples(spark, normalized, samples_uri, ctx.mode, storage)
     common = {
         "run_id": run_id,
-        "mode": mode,
-        "rows_per_file": config["normalize"]["rows_per_file"],
-        "s3": s3,
+        "mode": ctx.mode,
+        "rows_per_file": config.normalize.rows_per_file,
+        "storage": storage,
     }
     try:
         counts = _kind_counts(normalized)
@@ -75,23 +73,25 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     finally:
         unique.unpersist()
         normalized.unpersist()
-    summary = build_summary(run_id, output, counts, kept, samples, quarantine, len(files), len(splits))
+    summary = build_summary(run_id, ctx.output, counts, kept, samples, quarantine, len(files), len(splits))
     summary["seconds"] = round(time.time() - started, 2)
     reconcile(summary)
-    runs.publish_summary(output, REPORT_NAME, summary, format_summary, s3)
+    runs.publish_summary(ctx, REPORT_NAME, summary, format_summary)
     return summary
 
 
-def _normalized_rows(spark, splits, specs, settings, s3):
+def _normalized_rows(spark, splits, specs, settings, storage):
     """The NORMALIZED DataFrame (one row per record + one per split), persisted on disk."""
     from pyspark import StorageLevel
     from pyspark.sql.pandas.types import from_arrow_schema
 
     split_df = one_task_per_row(spark, inputs.splits_table(splits))
-    raw = split_df.mapInArrow(partial(inputs.read_splits_batches, s3=s3), from_arrow_schema(inputs.RAW))
+    raw = split_df.mapInArrow(
+        partial(inputs.read_splits_batches, storage=storage), from_arrow_schema(inputs.RAW)
+    )
     tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
     normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(
-        partial(records.normalize_batches, specs=specs, settings=settings, s3=s3),
+        partial(records.normalize_batches, specs=specs, settings=settings, storage=storage),
         from_arrow_schema(schemas.NORMALIZED),
     )
     return normalized.persist(StorageLevel.DISK_ONLY)
@@ -106,7 +106,7 @@ def _kind_counts(normalized) -> list[dict]:
     return [r.asDict() for r in grouped.collect()]
 
 
-def _unique_samples(spark, normalized, samples_uri, mode, s3):
+def _unique_samples(spark, normalized, samples_uri, mode, storage):
     """One row per sample_id (the first by source order); in append mode, only new ids."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
@@ -115,8 +115,8 @@ def _unique_samples(spark, normalized, samples_uri, mode, s3):
     samples = normalized.filter(f"kind = '{schemas.ROW_KIND_SAMPLE}'").select(*schemas.SAMPLES.names)
     first = Window.partitionBy("sample_id").orderBy("dataset", "source_file", "source_position")
     unique = samples.withColumn("_n", F.row_number().over(first)).filter("_n = 1").drop("_n")
-    if mode == "append" and tables.open_table(samples_uri, s3) is not None:
-        existing = tables.read_table(spark, samples_uri, s3).select("sample_id")
+    if mode == "append" and tables.open_table(samples_uri, storage) is not None:
+        existing = tables.read_table(spark, samples_uri, storage).select("sample_id")
         unique = unique.join(existing, "sample_id", "left_anti")
     return unique.persist(StorageLevel.DISK_ONLY)
 

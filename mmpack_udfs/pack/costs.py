@@ -65,9 +65,11 @@ class CostModel:
         return cls(**numbers)
 
     @classmethod
-    def for_profile(cls, config: Mapping[str, Any], profile: str) -> CostModel:
-        """The configured model of a profile (``balance.cost_model.<profile>``)."""
-        models = config.get("balance", {}).get("cost_model", {})
+    def for_profile(cls, config: Any, profile: str) -> CostModel:
+        """The configured model of a profile (``balance.cost_model.<profile>``) of a config (its
+        model, or the plain data a manifest records)."""
+        data = config if isinstance(config, Mapping) else config.as_dict()
+        models = data.get("balance", {}).get("cost_model", {})
         if profile not in models:
             known = ", ".join(sorted(models)) or "none"
             raise ValueError(
@@ -202,7 +204,7 @@ def bin_costs(bins: pa.Table, shard: int, profile: Mapping[str, Any]) -> pa.Tabl
 
 
 def read_index(
-    packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None, verify: bool = True
+    packed_root: str, manifest: Mapping[str, Any], storage: fs.Storage, verify: bool = True
 ) -> pa.Table:
     """The cost index ``manifest`` names, checked: its size and sha256 (``verify``), its
     schema, and one row per bin in manifest order. Raises CostIndexError saying what is wrong."""
@@ -211,7 +213,7 @@ def read_index(
         raise CostIndexError("this manifest has no cost index (packed before mmpack wrote one): re-run pack")
     name = f"cost_index {entry['path']}"
     try:
-        data = fs.read_bytes(fs.join(packed_root, entry["path"]), s3)
+        data = storage.read_bytes(fs.join(packed_root, entry["path"]))
     except OSError as err:
         raise CostIndexError(f"{name}: cannot be read: {err}") from err
     if verify and (len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]):

@@ -18,17 +18,17 @@ from mmpack_udfs import schemas
 from mmpack_udfs.io import fs
 
 
-def collect(output: str, s3: fs.S3Options | None = None, dry_run: bool = False) -> dict[str, Any]:
+def collect(output: str, storage: fs.Storage = fs.LOCAL, dry_run: bool = False) -> dict[str, Any]:
     """Delete (or with ``dry_run`` only list) unnamed shard files; return what was found."""
     packed = schemas.packed_uri(output)
     manifest_uri = fs.join(packed, schemas.MANIFEST_NAME)
     named: set[str] = set()
-    if fs.exists(manifest_uri, s3):
-        manifest = json.loads(fs.read_bytes(manifest_uri, s3))
+    if storage.exists(manifest_uri):
+        manifest = json.loads(storage.read_bytes(manifest_uri))
         named = {fs.join(packed, shard["path"]) for shard in manifest["shards"]}
         if "cost_index" in manifest:
             named.add(fs.join(packed, manifest["cost_index"]["path"]))
-    filesystem, root = fs.filesystem(fs.join(packed, "shards"), s3)
+    filesystem, root = storage.filesystem(fs.join(packed, "shards"))
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     files = [i for i in filesystem.get_file_info(selector) if i.type == pafs.FileType.File]
     prefix = "s3://" if fs.is_s3(packed) else ""

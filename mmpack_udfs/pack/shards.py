@@ -204,12 +204,12 @@ def write_shard(
     relative_path: str,
     batches: list[pa.RecordBatch],
     bins_per_row_group: int,
-    s3: fs.S3Options | None,
+    storage: fs.Storage,
 ) -> WrittenShard:
     """Write one shard (a file under its final name is always complete: ``fs.atomic_output``)
     and hash it on the way out."""
     table = pa.Table.from_batches(batches, schema=schemas.SHARD)
-    with fs.atomic_output(fs.join(packed_root, relative_path), s3) as stream:
+    with storage.atomic_output(fs.join(packed_root, relative_path)) as stream:
         sink = _HashingSink(stream)
         pq.write_table(
             table,

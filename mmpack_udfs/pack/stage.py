@@ -31,10 +31,11 @@ import pyarrow.compute as pc
 
 import mmpack_udfs
 from mmpack_udfs import schemas
-from mmpack_udfs.config import config_hash
+from mmpack_udfs.config import Config, config_hash
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs, runs, tables
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import costs, shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.report import pack_report as report
@@ -86,19 +87,20 @@ class PackSettings:
     cost_model: costs.CostModel  # orders the bins into cost-stratified row groups
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> PackSettings:
-        p = config["pack"]
+    def from_config(cls, config: Config) -> PackSettings:
+        """What the shard tasks need of the checked config."""
+        p = config.pack
         return cls(
-            budget=p["budget"] or config["tokenize"]["max_tokens"],
-            second_by=p["second_budget_by"],
-            second_budget=p["second_budget"] if p["second_budget_by"] != "none" else None,
-            oversize=p["oversize"],
-            bins_per_shard=p["bins_per_shard"],
-            bins_per_row_group=p["bins_per_row_group"],
-            embed_media=p["embed_media"],
-            seed=p["seed"],
-            profile=config["profiles"][config["tokenize"]["profile"]],
-            cost_model=costs.CostModel.for_profile(config, config["tokenize"]["profile"]),
+            budget=config.pack_budget,
+            second_by=p.second_budget_by,
+            second_budget=p.second_budget if p.second_budget_by != "none" else None,
+            oversize=p.oversize,
+            bins_per_shard=p.bins_per_shard,
+            bins_per_row_group=p.bins_per_row_group,
+            embed_media=p.embed_media,
+            seed=p.seed,
+            profile=config.profile.model_dump(),
+            cost_model=costs.CostModel.for_profile(config, config.tokenize.profile),
         )
 
     def second_sizes(self, rows: pa.Table) -> np.ndarray | None:
@@ -116,13 +118,12 @@ class PackSettings:
         return too_big
 
 
-def derive_run_id(config: Mapping[str, Any], tokenized_uri: str, version: int) -> str:
-    profile = config["tokenize"]["profile"]
+def derive_run_id(config: Config, tokenized_uri: str, version: int) -> str:
     facts = {
         "tokenized": [tokenized_uri, version],
-        "pack": config["pack"],
-        "tokenize": config["tokenize"],
-        "cost_model": config["balance"]["cost_model"][profile],  # orders the bins
+        "pack": config.pack.model_dump(),
+        "tokenize": config.tokenize.model_dump(),
+        "cost_model": config.balance.cost_model[config.tokenize.profile].model_dump(),  # orders the bins
     }
     return runs.run_id_from("pack", facts)
 
@@ -148,9 +149,9 @@ class Placement:
         return pa.Table.from_arrays(columns, schema=PLACEMENT)
 
 
-def read_counts(tokenized_uri: str, snap: tables.Snapshot, s3: fs.S3Options | None) -> pa.Table:
+def read_counts(tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage) -> pa.Table:
     """The count columns of every row, sorted by sample_id (arrival order must not matter)."""
-    counts = tables.read_arrow(tokenized_uri, s3, columns=COUNT_COLUMNS, snap=snap)
+    counts = tables.read_arrow(tokenized_uri, storage, columns=COUNT_COLUMNS, snap=snap)
     return counts.take(pc.sort_indices(counts, [("sample_id", "ascending")])).combine_chunks()
 
 
@@ -228,7 +229,7 @@ def write_shards(
     settings: PackSettings,
     packed_root: str,
     shard_dir: str,
-    s3: fs.S3Options | None,
+    storage: fs.Storage,
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the placed rows of some shards → those shards, one result row each."""
     received = list(batches)
@@ -238,7 +239,7 @@ def write_shards(
     numbers = rows.column("shard").to_numpy()
     for shard in np.unique(numbers):
         mine = rows.filter(pa.array(numbers == shard))
-        yield write_placed_shard(mine, int(shard), settings, packed_root, shard_dir, s3)
+        yield write_placed_shard(mine, int(shard), settings, packed_root, shard_dir, storage)
 
 
 def write_placed_shard(
@@ -247,7 +248,7 @@ def write_placed_shard(
     settings: PackSettings,
     packed_root: str,
     shard_dir: str,
-    s3: fs.S3Options | None,
+    storage: fs.Storage,
 ) -> pa.RecordBatch:
     """Build one shard's bins from its placed rows (any order) and write it; what was written
     and its cost index rows, as one result row."""
@@ -257,10 +258,10 @@ def write_placed_shard(
     lay = shards.BinLayout(
         rows=np.arange(rows.num_rows), bin_starts=np.concatenate([[0], np.cumsum(per_bin)])
     )
-    read_media = _media_reader(s3) if settings.embed_media else None
+    read_media = _media_reader(storage) if settings.embed_media else None
     batch = shards.build_bins(rows, lay, 0, lay.num_bins, group=0, read_media=read_media)
     name = shard_path(shard_dir, shard)
-    written = shards.write_shard(packed_root, name, [batch], settings.bins_per_row_group, s3)
+    written = shards.write_shard(packed_root, name, [batch], settings.bins_per_row_group, storage)
     result = {
         "shard": shard,
         "rows_in": rows.num_rows,
@@ -271,52 +272,50 @@ def write_placed_shard(
     return pa.RecordBatch.from_pylist([result], schema=SHARD_RESULT)
 
 
-def _media_reader(s3: fs.S3Options | None):
+def _media_reader(storage: fs.Storage):
     """Read a media file's bytes, once per file per task."""
     cache: dict[str, bytes] = {}
 
     def read(uri: str) -> bytes:
         if uri not in cache:
-            cache[uri] = fs.read_bytes(uri, s3)
+            cache[uri] = storage.read_bytes(uri)
         return cache[uri]
 
     return read
 
 
-def published_run(packed_root: str, run_id: str, s3: fs.S3Options | None) -> dict | None:
+def published_run(packed_root: str, run_id: str, storage: fs.Storage) -> dict | None:
     """The live manifest if it belongs to ``run_id`` and every shard it names is in place."""
     uri = fs.join(packed_root, schemas.MANIFEST_NAME)
-    if not fs.exists(uri, s3):
+    if not storage.exists(uri):
         return None
-    manifest = json.loads(fs.read_bytes(uri, s3))
+    manifest = json.loads(storage.read_bytes(uri))
     if manifest.get("run_id") != run_id:
         return None
     for shard in manifest["shards"]:
-        info = fs.file_info(fs.join(packed_root, shard["path"]), s3)
+        info = storage.file_info(fs.join(packed_root, shard["path"]))
         if info.size != shard["bytes"]:
             return None
     return manifest
 
 
-def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
+def run(spark, ctx: RunContext) -> dict[str, Any]:
     """Run the stage; return (and write, and print) the summary. Raises PackError."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     started = time.time()
-    s3 = fs.S3Options.from_config(config.get("s3"))
-    output = fs.normalize_uri(config["output"])
-    tokenized_uri = schemas.table_uri(output, "tokenized")
-    packed_root = schemas.packed_uri(output)
+    config, storage, packed_root = ctx.config, ctx.storage, ctx.packed
+    tokenized_uri = ctx.table("tokenized")
     settings = PackSettings.from_config(config)
-    snap = tables.snapshot(tokenized_uri, s3)  # one version for the checks, the read and the manifest
-    run_id = config["run_id"] or derive_run_id(config, tokenized_uri, snap.version)
+    snap = tables.snapshot(tokenized_uri, storage)  # one version for the checks, the read and the manifest
+    run_id = ctx.run_id or derive_run_id(config, tokenized_uri, snap.version)
 
-    if published_run(packed_root, run_id, s3) is not None:
+    if published_run(packed_root, run_id, storage) is not None:
         print(f"pack: run {run_id} is already published; nothing to do")
-        return report.write_report(output, s3)
+        return report.write_report(ctx.output, storage)
 
-    counts = read_counts(tokenized_uri, snap, s3)
+    counts = read_counts(tokenized_uri, snap, storage)
     over = check_oversize(counts, settings)
     shard_dir = f"shards/{tables.run_tag(run_id)}"
     placement = place(counts, settings) if counts.num_rows else None
@@ -325,8 +324,10 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         placed = spark.createDataFrame(
             placement.table(counts).to_pandas(), schema=from_arrow_schema(PLACEMENT)
         )
-        df = tables.read_table(spark, tokenized_uri, s3, snap=snap).select(*shards.TOKENIZED_COLUMNS)
-        task = partial(write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, s3=s3)
+        df = tables.read_table(spark, tokenized_uri, storage, snap=snap).select(*shards.TOKENIZED_COLUMNS)
+        task = partial(
+            write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, storage=storage
+        )
         if counts.num_rows <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
             placed = F.broadcast(placed)
         by_shard = df.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
@@ -339,10 +340,10 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     skipped = skipped_rows(counts, over, settings)
     reconcile(counts.num_rows, len(over), placement, results)
     manifest = build_manifest(config, settings, run_id, tokenized_uri, snap.version, results, len(skipped))
-    manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, results, s3)
-    fs.write_bytes(schemas.report_uri(output, SKIPPED_NAME), _json(skipped), s3)
-    publish_manifest(packed_root, manifest, s3)
-    summary = report.write_report(output, s3)
+    manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, results, storage)
+    storage.write_bytes(ctx.report(SKIPPED_NAME), _json(skipped))
+    publish_manifest(packed_root, manifest, storage)
+    summary = report.write_report(ctx.output, storage)
     summary["stage_seconds"] = {
         "tasks": round(tasks_done - started, 2),
         "total": round(time.time() - started, 2),
@@ -388,7 +389,7 @@ def reconcile(rows_in: int, oversize_rows: int, placement: Placement | None, res
 
 
 def build_manifest(
-    config: Mapping[str, Any],
+    config: Config,
     settings: PackSettings,
     run_id: str,
     tokenized_uri: str,
@@ -405,7 +406,7 @@ def build_manifest(
         "tool": {"name": "mmpack", "version": mmpack_udfs.__version__},
         "run_id": run_id,
         "source": {"table": tokenized_uri, "version": version},
-        "profile": config["tokenize"]["profile"],
+        "profile": config.tokenize.profile,
         "budget": settings.budget,
         "second_budget": {"by": settings.second_by, "max": settings.second_budget},
         "media_embedded": settings.embed_media,
@@ -421,27 +422,27 @@ def build_manifest(
             "fill": round(tokens / (bins * settings.budget), 6) if bins else 0.0,
         },
         "shards": shard_list,
-        "config": config,
+        "config": config.as_dict(),
         "config_hash": config_hash(config),
     }
 
 
 def write_cost_index(
-    packed_root: str, shard_dir: str, manifest: Mapping[str, Any], results: list[dict], s3
+    packed_root: str, shard_dir: str, manifest: Mapping[str, Any], results: list[dict], storage
 ) -> dict[str, Any]:
     """Write the run's per-bin cost index (rows the shard tasks computed) beside its shards;
     the manifest entry naming it."""
     parts = [costs.from_ipc(r["costs"]) for r in results]
     data = costs.index_bytes(costs.assemble(parts, manifest["shards"]))
     path = f"{shard_dir}/{schemas.COST_INDEX_NAME}"
-    fs.write_bytes(fs.join(packed_root, path), data, s3)
+    storage.write_bytes(fs.join(packed_root, path), data)
     return {"path": path, "rows": manifest["totals"]["bins"], "bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
 
 
-def publish_manifest(packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None) -> None:
+def publish_manifest(packed_root: str, manifest: Mapping[str, Any], storage: fs.Storage) -> None:
     """Write manifest.json: the step that makes the run visible to readers (atomically)."""
-    fs.write_bytes(fs.join(packed_root, schemas.MANIFEST_NAME), _json(manifest), s3)
+    storage.write_bytes(fs.join(packed_root, schemas.MANIFEST_NAME), _json(manifest))
 
 
 def _json(value: Any) -> bytes:

@@ -22,15 +22,15 @@ from mmpack_udfs.pack import costs
 from mmpack_udfs.report.pack_report import ReportError, read_manifest
 
 
-def from_output(out: str, s3: fs.S3Options | None) -> tuple[pa.Table, int, str]:
+def from_output(out: str, storage: fs.Storage) -> tuple[pa.Table, int, str]:
     """(cost index, bins per row group, profile) of a packed output root."""
-    manifest = read_manifest(out, s3)
-    index = costs.read_index(schemas.packed_uri(out), manifest, s3)
+    manifest = read_manifest(out, storage)
+    index = costs.read_index(schemas.packed_uri(out), manifest, storage)
     return index, manifest["bins_per_row_group"], manifest["profile"]
 
 
-def from_file(path: str, s3: fs.S3Options | None) -> pa.Table:
-    filesystem, inner = fs.filesystem(path, s3)
+def from_file(path: str, storage: fs.Storage) -> pa.Table:
+    filesystem, inner = storage.filesystem(path)
     try:
         index = pq.read_table(filesystem.open_input_file(inner))
     except (OSError, pa.ArrowInvalid) as err:

@@ -30,20 +30,20 @@ class ReportError(MmpackError, RuntimeError):
     """There is no published packing to report on."""
 
 
-def read_manifest(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
+def read_manifest(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
     try:
-        return schemas.load_manifest(schemas.manifest_uri(output), s3)
+        return schemas.load_manifest(schemas.manifest_uri(output), storage)
     except schemas.ManifestError as err:
         raise ReportError(str(err)) from err
 
 
-def read_figures(output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None = None) -> pa.Table:
+def read_figures(output: str, manifest: Mapping[str, Any], storage: fs.Storage = fs.LOCAL) -> pa.Table:
     """Per-bin figure columns and cu_seqlens of every shard, in manifest order."""
     root = schemas.packed_uri(output)
     columns = [*schemas.SHARD_FIGURES, "cu_seqlens"]
     parts = []
     for shard in manifest["shards"]:
-        filesystem, path = fs.filesystem(fs.join(root, shard["path"]), s3)
+        filesystem, path = storage.filesystem(fs.join(root, shard["path"]))
         parts.append(pq.read_table(path, columns=columns, filesystem=filesystem))
     empty = pa.schema([schemas.SHARD.field(c) for c in columns]).empty_table()
     return pa.concat_tables(parts) if parts else empty
@@ -174,10 +174,10 @@ def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def write_report(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
+def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
     """Compute, write (JSON + PNGs under OUT/report) and print the packing report."""
-    manifest = read_manifest(output, s3)
-    figures = read_figures(output, manifest, s3)
+    manifest = read_manifest(output, storage)
+    figures = read_figures(output, manifest, storage)
     summary = {
         "stage": "pack",
         "run_id": manifest["run_id"],
@@ -187,14 +187,14 @@ def write_report(output: str, s3: fs.S3Options | None = None) -> dict[str, Any]:
         "bytes": manifest["totals"]["bytes"],
         **statistics(manifest, figures),
     }
-    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
+    storage.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode())
     if figures.num_rows:
         plots = plot(figures, manifest["budget"])
         if "cost_index" in manifest:
-            index = costs.read_index(schemas.packed_uri(output), manifest, s3)
+            index = costs.read_index(schemas.packed_uri(output), manifest, storage)
             plots[COST_PLOT] = plot_costs(index, manifest)
         for name, png in plots.items():
-            fs.write_bytes(schemas.report_uri(output, name), png, s3)
+            storage.write_bytes(schemas.report_uri(output, name), png)
     print(format_report(summary))
     return summary
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,9 @@ from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.tokenize.profiles import MediaPlan, Profile, make_profile
+
+if TYPE_CHECKING:
+    from mmpack_udfs.config import Config
 
 MODEL_SIDE = {"assistant", "function_call"}
 TEMPLATE_ROLE = {"function_call": "assistant"}
@@ -48,18 +51,19 @@ class TokenizeSettings:
     tokenizer_json: bool = False  # workers may load tokenizer.json alone (checked on the driver)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> TokenizeSettings:
-        """The settings, with the tokenizer resolved and checked against the profile (on the
-        driver: a mismatch is a ConfigError, not an executor traceback)."""
-        section = config["tokenize"]
-        path = tokenizers.resolve_path(section["tokenizer"])
+    def from_config(cls, config: Config) -> TokenizeSettings:
+        """What the executors need of the checked config, with the tokenizer resolved and checked
+        against the profile (on the driver: a mismatch is a ConfigError, not an executor
+        traceback)."""
+        section = config.tokenize
+        path = tokenizers.resolve_path(section.tokenizer)
         settings = cls(
             tokenizer_path=path,
-            profile_name=section["profile"],
-            profile=dict(config["profiles"][section["profile"]]),
-            max_tokens=section["max_tokens"],
-            over_length=section["over_length"],
-            loss=section["loss"],
+            profile_name=section.profile,
+            profile=config.profile.model_dump(),
+            max_tokens=section.max_tokens,
+            over_length=section.over_length,
+            loss=section.loss,
             tokenizer_json=tokenizers.json_matches_auto(path),
         )
         settings.check_tokenizer()

@@ -25,8 +25,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import schemas
+from mmpack_udfs.config import Config
 from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.io import fs, runs, tables
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.tokenize.encoder import TokenizeSettings, to_record_batch, worker_tokenizer
 
@@ -50,11 +52,11 @@ UNIT_RESULT = pa.schema(
 )
 
 
-def plan_units(files: list[str], rows_per_unit: int, s3: fs.S3Options | None) -> list[dict]:
+def plan_units(files: list[str], rows_per_unit: int, storage: fs.Storage) -> list[dict]:
     """Row ranges of ``rows_per_unit`` rows over the samples files, in table order."""
     units: list[dict] = []
     for uri in files:
-        filesystem, path = fs.filesystem(uri, s3)
+        filesystem, path = storage.filesystem(uri)
         with filesystem.open_input_file(path) as f:
             total = pq.ParquetFile(f).metadata.num_rows
         for start in range(0, total, rows_per_unit):
@@ -77,17 +79,15 @@ def read_rows(parquet: pq.ParquetFile, start: int, rows: int, batch_rows: int) -
         first += size
 
 
-def derive_run_id(
-    config: Mapping[str, Any], samples_uri: str, samples_version: int, tokenizer_path: str
-) -> str:
+def derive_run_id(config: Config, samples_uri: str, samples_version: int, tokenizer_path: str) -> str:
     tokenizer_file = Path(tokenizer_path) / "tokenizer.json"
-    tokenizer_hash = fs.sha256_of(str(tokenizer_file))[0] if tokenizer_file.exists() else ""
+    tokenizer_hash = fs.LOCAL.sha256_of(str(tokenizer_file))[0] if tokenizer_file.exists() else ""
     relevant = {
         "samples": [samples_uri, samples_version],
-        "tokenize": config["tokenize"],
-        "profile": config["profiles"][config["tokenize"]["profile"]],
+        "tokenize": config.tokenize.model_dump(),
+        "profile": config.profile.model_dump(),
         "tokenizer": tokenizer_hash,
-        "mode": config["mode"],
+        "mode": config.mode,
     }
     return runs.run_id_from("tokenize", relevant)
 
@@ -112,10 +112,10 @@ class UnitTask:
         tokenized_uri: str,
         quarantine_uri: str,
         tag: str,
-        s3: fs.S3Options | None,
+        storage: fs.Storage,
     ) -> None:
         self.settings, self.tokenized_uri, self.quarantine_uri = settings, tokenized_uri, quarantine_uri
-        self.tag, self.s3 = tag, s3
+        self.tag, self.storage = tag, storage
         self.tokenizer = None
         self.setup_seconds = 0.0
 
@@ -129,11 +129,11 @@ class UnitTask:
         name = f"part-{unit['index']:05d}-{self.tag}.parquet"
         tally = _Tally()
         written = tables.write_part(
-            self.tokenized_uri, name, self._tokenized(unit, tally), schemas.TOKENIZED, self.s3
+            self.tokenized_uri, name, self._tokenized(unit, tally), schemas.TOKENIZED, self.storage
         )
         rejected = pa.RecordBatch.from_pylist(tally.quarantined, schema=schemas.TOKENIZE_QUARANTINE)
         quarantine = tables.write_part(
-            self.quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, self.s3
+            self.quarantine_uri, name, [rejected], schemas.TOKENIZE_QUARANTINE, self.storage
         )
         if tally.rows_in != unit["rows"]:
             raise RuntimeError(f"{unit['uri']}: read {tally.rows_in} rows, expected {unit['rows']}")
@@ -152,7 +152,7 @@ class UnitTask:
 
     def _tokenized(self, unit: Mapping[str, Any], tally: _Tally) -> Iterator[pa.RecordBatch]:
         """The unit's tokenized rows, batch by batch; rejected rows and counts go to ``tally``."""
-        filesystem, path = fs.filesystem(unit["uri"], self.s3)
+        filesystem, path = self.storage.filesystem(unit["uri"])
         with filesystem.open_input_file(path) as f:
             for rows in read_rows(pq.ParquetFile(f), unit["start"], unit["rows"], BATCH_ROWS):
                 samples = rows.to_pylist()
@@ -174,33 +174,31 @@ def tokenize_units(batches: Iterator[pa.RecordBatch], task: UnitTask) -> Iterato
             yield pa.RecordBatch.from_pylist([task.process(unit)], schema=UNIT_RESULT)
 
 
-def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
+def run(spark, ctx: RunContext) -> dict[str, Any]:
     """Run the stage; return (and write, and print) the summary. Raises on reconciliation."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     started = time.time()
-    s3 = fs.S3Options.from_config(config.get("s3"))
-    output = fs.normalize_uri(config["output"])
-    samples_uri = schemas.table_uri(output, "samples")
-    out_uris = {name: schemas.table_uri(output, name) for name in ("tokenized", "tokenize_quarantine")}
+    config, storage, mode = ctx.config, ctx.storage, ctx.mode
+    samples_uri = ctx.table("samples")
+    out_uris = {name: ctx.table(name) for name in ("tokenized", "tokenize_quarantine")}
     settings = TokenizeSettings.from_config(config)
-    samples_version, files = tables.data_files(samples_uri, s3)
-    run_id = config["run_id"] or derive_run_id(config, samples_uri, samples_version, settings.tokenizer_path)
-    mode = config["mode"]
+    samples_version, files = tables.data_files(samples_uri, storage)
+    run_id = ctx.run_id or derive_run_id(config, samples_uri, samples_version, settings.tokenizer_path)
 
-    previous = runs.previous_summary(output, REPORT_NAME, run_id, mode, list(out_uris.values()), s3)
+    previous = runs.previous_summary(ctx, REPORT_NAME, run_id, list(out_uris.values()))
     if previous is not None:
         print(f"tokenize: run {run_id} is already committed; nothing to do")
         print(format_summary(previous))
         return previous
 
-    units = plan_units(files, config["tokenize"]["rows_per_file"], s3)
+    units = plan_units(files, config.tokenize.rows_per_file, storage)
     planned = time.time()
     results: list[dict] = []
     if units:
         unit_df = one_task_per_row(spark, pa.Table.from_pylist(units, schema=UNIT))
         task = UnitTask(
-            settings, out_uris["tokenized"], out_uris["tokenize_quarantine"], tables.run_tag(run_id), s3
+            settings, out_uris["tokenized"], out_uris["tokenize_quarantine"], tables.run_tag(run_id), storage
         )
         body = partial(tokenize_units, task=task)
         results = [
@@ -214,7 +212,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         written = [r[key] for r in sorted(results, key=lambda r: r["index"]) if r[key] and r[key]["rows"] > 0]
         rows = sum(r["rows"] for r in written)
         schema = schemas.TABLES[name]
-        version = tables.commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, s3=s3)
+        version = tables.commit(uri, schema, written, run_id=run_id, mode=mode, rows=rows, storage=storage)
         commits[name] = tables.CommitResult(uri, version, rows, len(written), skipped=False)
     counts = {
         "samples_in": sum(u["rows"] for u in units),
@@ -225,7 +223,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
     summary = {
         "stage": "tokenize",
         "run_id": run_id,
-        "output": output,
+        "output": ctx.output,
         "samples_version": samples_version,
         "profile": settings.profile_name,
         "tokenizer": settings.tokenizer_path,
@@ -234,9 +232,9 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         "loss": settings.loss,
         "units": len(units),
         "counts": counts,
-        "tokens": token_statistics(out_uris["tokenized"], s3),
+        "tokens": token_statistics(out_uris["tokenized"], storage),
         "stage_seconds": {"plan": round(planned - started, 2), "tasks": round(tasks_done - planned, 2)},
-        "reasons": _reasons(out_uris["tokenize_quarantine"], s3),
+        "reasons": _reasons(out_uris["tokenize_quarantine"], storage),
         "tables": {name: asdict(c) for name, c in commits.items()},
         "task_seconds": {  # summed over tasks
             "worker_setup": round(sum(r["setup_seconds"] for r in results), 2),
@@ -246,14 +244,14 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         "seconds": round(time.time() - started, 2),
     }
     reconcile(summary)
-    runs.publish_summary(output, REPORT_NAME, summary, format_summary, s3)
+    runs.publish_summary(ctx, REPORT_NAME, summary, format_summary)
     return summary
 
 
-def token_statistics(tokenized_uri: str, s3: fs.S3Options | None) -> dict[str, Any]:
+def token_statistics(tokenized_uri: str, storage: fs.Storage) -> dict[str, Any]:
     """Token totals per modality and the length distribution, from the table's count columns."""
     columns = ["num_tokens", "text_tokens", "image_tokens", "video_tokens", "supervised_tokens"]
-    table = tables.read_arrow(tokenized_uri, s3, columns=columns)
+    table = tables.read_arrow(tokenized_uri, storage, columns=columns)
     if not table.num_rows:
         return {"total": 0}
     lengths = table.column("num_tokens").to_numpy()
@@ -269,8 +267,10 @@ def token_statistics(tokenized_uri: str, s3: fs.S3Options | None) -> dict[str, A
     }
 
 
-def _reasons(quarantine_uri: str, s3: fs.S3Options | None) -> dict[str, int]:
-    reasons = Counter(tables.read_arrow(quarantine_uri, s3, columns=["reason"]).column("reason").to_pylist())
+def _reasons(quarantine_uri: str, storage: fs.Storage) -> dict[str, int]:
+    reasons = Counter(
+        tables.read_arrow(quarantine_uri, storage, columns=["reason"]).column("reason").to_pylist()
+    )
     return dict(sorted(reasons.items()))
 
 

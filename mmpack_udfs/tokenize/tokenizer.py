@@ -174,5 +174,5 @@ def _directory_key(path: str) -> str:
         size = file.stat().st_size
         digest.update(f"{file.name}:{size}\n".encode())
         if size <= HASHED_FILE_BYTES:
-            digest.update(fs.sha256_of(str(file))[0].encode())
+            digest.update(fs.LOCAL.sha256_of(str(file))[0].encode())
     return digest.hexdigest()

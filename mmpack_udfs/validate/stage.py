@@ -29,6 +29,7 @@ from mmpack_udfs import schemas
 from mmpack_udfs.constants import IGNORE_INDEX
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs, tables
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.pack import costs
 from mmpack_udfs.pack.shards import list_lengths, owner_of_elements
@@ -45,33 +46,34 @@ class ValidationError(MmpackError, RuntimeError):
     """The published packing does not match its manifest or its source."""
 
 
-def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
+def run(spark, ctx: RunContext) -> dict[str, Any]:
     """Validate ``OUT/packed``; write and print the summary. Raises ValidationError."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     started = time.time()
-    s3 = fs.S3Options.from_config(config.get("s3"))
-    output = fs.normalize_uri(config["output"])
+    storage, output = ctx.storage, ctx.output
     try:
-        manifest = schemas.load_manifest(schemas.manifest_uri(output), s3)
+        manifest = schemas.load_manifest(schemas.manifest_uri(output), storage)
     except schemas.ManifestError as err:
         raise ValidationError(str(err)) from err
     problems = manifest_problems(manifest)
     packed_root = schemas.packed_uri(output)
 
-    index, index_problems = read_cost_index(packed_root, manifest, s3)
+    index, index_problems = read_cost_index(packed_root, manifest, storage)
     problems += index_problems
     entries = pa.array([json.dumps(e) for e in shard_entries(manifest, index)], pa.string())
     listing = one_task_per_row(spark, pa.table({"entry": entries}))
     profile = manifest["config"]["profiles"][manifest["profile"]]
-    task = partial(check_shards, packed_root=packed_root, budget=manifest["budget"], s3=s3, profile=profile)
+    task = partial(
+        check_shards, packed_root=packed_root, budget=manifest["budget"], storage=storage, profile=profile
+    )
     checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
     try:
         problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
         packed_ids = checked.where("sample_id IS NOT NULL").select("sample_id")
-        skipped, skipped_problems = read_skipped(output, manifest, s3)
+        skipped, skipped_problems = read_skipped(output, manifest, storage)
         problems += skipped_problems
-        source = source_problems(spark, manifest, packed_ids, skipped, s3)
+        source = source_problems(spark, manifest, packed_ids, skipped, storage)
         problems += source.pop("problems")
     finally:
         checked.unpersist()
@@ -90,7 +92,7 @@ def run(spark, config: Mapping[str, Any]) -> dict[str, Any]:
         "problems": problems[:MAX_PROBLEMS],
         "seconds": round(time.time() - started, 2),
     }
-    fs.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode(), s3)
+    storage.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode())
     print(format_summary(summary))
     if problems:
         shown = "\n  ".join(problems[:10])
@@ -122,7 +124,7 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
 
 
 def read_cost_index(
-    packed_root: str, manifest: Mapping[str, Any], s3: fs.S3Options | None
+    packed_root: str, manifest: Mapping[str, Any], storage: fs.Storage
 ) -> tuple[pa.Table | None, list[str]]:
     """The cost index the manifest names, after its file checks (costs.read_index); its
     figures are checked against each shard by that shard's task. A packing made before the
@@ -130,7 +132,7 @@ def read_cost_index(
     if "cost_index" not in manifest:
         return None, []
     try:
-        return costs.read_index(packed_root, manifest, s3), []
+        return costs.read_index(packed_root, manifest, storage), []
     except costs.CostIndexError as err:
         return None, [str(err)]
 
@@ -152,13 +154,13 @@ def check_shards(
     batches: Iterator[pa.RecordBatch],
     packed_root: str,
     budget: int,
-    s3: fs.S3Options | None,
+    storage: fs.Storage,
     profile: Mapping[str, Any],
 ) -> Iterator[pa.RecordBatch]:
     """Spark task: check the shards of its manifest entries; emit problems and sample ids."""
     for batch in batches:
         for entry in map(json.loads, batch.column("entry").to_pylist()):
-            problems, sample_ids = check_shard(packed_root, entry, budget, s3, profile)
+            problems, sample_ids = check_shard(packed_root, entry, budget, storage, profile)
             n = len(problems) + len(sample_ids)
             yield pa.RecordBatch.from_arrays(
                 [
@@ -174,7 +176,7 @@ def check_shard(
     packed_root: str,
     entry: Mapping[str, Any],
     budget: int,
-    s3: fs.S3Options | None,
+    storage: fs.Storage,
     profile: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], pa.Array]:
     """Problems with one shard (named by its manifest entry, with its cost index rows when
@@ -182,7 +184,7 @@ def check_shard(
     uri, name = fs.join(packed_root, entry["path"]), entry["path"]
     no_ids = pa.array([], pa.string())
     try:
-        data = fs.read_bytes(uri, s3)  # read once: hashed, then decoded from memory
+        data = storage.read_bytes(uri)  # read once: hashed, then decoded from memory
     except FileNotFoundError:
         return [f"{name}: missing"], no_ids
     except OSError as err:  # S3 reports a missing key as an OSError
@@ -342,19 +344,19 @@ def _describe(message: str, mask: np.ndarray) -> str:
 
 
 def read_skipped(
-    output: str, manifest: Mapping[str, Any], s3: fs.S3Options | None
+    output: str, manifest: Mapping[str, Any], storage: fs.Storage
 ) -> tuple[list[str], list[str]]:
     """Ids the pack stage left out (report/pack_skipped.json), and the problem if their number
     is not the manifest's."""
     uri = schemas.report_uri(output, SKIPPED_NAME)
     expected = manifest["totals"]["skipped"]
-    skipped = [s["sample_id"] for s in json.loads(fs.read_bytes(uri, s3))] if fs.exists(uri, s3) else []
+    skipped = [s["sample_id"] for s in json.loads(storage.read_bytes(uri))] if storage.exists(uri) else []
     if len(skipped) != expected:
         return skipped, [f"{uri} lists {len(skipped)} skipped samples; the manifest says {expected}"]
     return skipped, []
 
 
-def source_problems(spark, manifest: Mapping[str, Any], packed_ids, skipped: list[str], s3) -> dict:
+def source_problems(spark, manifest: Mapping[str, Any], packed_ids, skipped: list[str], storage) -> dict:
     """Every sample of the source table version in exactly one bin or skipped, nothing else.
 
     Returns what was checked and a ``problems`` list. When the source version cannot be
@@ -362,10 +364,10 @@ def source_problems(spark, manifest: Mapping[str, Any], packed_ids, skipped: lis
     """
     source = dict(manifest["source"])
     try:
-        snap = tables.snapshot(source["table"], s3, version=source["version"])
+        snap = tables.snapshot(source["table"], storage, version=source["version"])
     except Exception as err:  # delta-rs raises several types for a missing table or version
         return {**source, "checked": False, "note": f"source not readable: {err}", "problems": []}
-    expected = tables.read_table(spark, source["table"], s3, snap=snap).select("sample_id")
+    expected = tables.read_table(spark, source["table"], storage, snap=snap).select("sample_id")
     skipped_df = spark.createDataFrame([(s,) for s in skipped], "sample_id string")
     delivered = packed_ids.unionByName(skipped_df)
     duplicated = delivered.groupBy("sample_id").count().where("count > 1").select("sample_id")

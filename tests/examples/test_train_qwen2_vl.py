@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmpack_udfs.demo import data as demo_data
-from tests.conftest import PACKED_DEMO_SETTINGS, demo_config
+from tests.conftest import PACKED_DEMO_SETTINGS, demo_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def packed(spark, tmp_path_factory) -> Path:
 
     data = demo_data.generate(tmp_path_factory.mktemp("ddp-demo"), samples=60, seed=12)
     out = tmp_path_factory.mktemp("ddp-out")
-    config = demo_config(data, out, *PACKED_DEMO_SETTINGS)
+    config = demo_run(data, out, *PACKED_DEMO_SETTINGS)
     normalize.run(spark, config)
     tokenize.run(spark, config)
     pack.run(spark, config)

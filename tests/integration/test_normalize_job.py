@@ -14,7 +14,7 @@ from mmpack_udfs.io import fs, tables
 from mmpack_udfs.normalize import stage as normalize
 from mmpack_udfs.reasons import NORMALIZE_REASONS, Reason
 from mmpack_udfs.schemas import table_uri
-from tests.conftest import demo_config
+from tests.conftest import demo_run, only_dataset, with_datasets
 
 pytestmark = pytest.mark.spark
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.spark
 @pytest.fixture(scope="module")
 def first_run(spark, demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("normalize")
-    summary = normalize.run(spark, demo_config(demo, out))
+    summary = normalize.run(spark, demo_run(demo, out))
     return out, summary
 
 
@@ -73,7 +73,7 @@ def test_samples_carry_ordered_turns_and_probed_media(first_run):
         assert text.count("<image>") == kinds.count("image")
         assert text.count("<video>") == kinds.count("video")
         for m in row["media"]:
-            assert m["width"] > 0 and m["height"] > 0 and fs.exists(m["uri"])
+            assert m["width"] > 0 and m["height"] > 0 and fs.LOCAL.exists(m["uri"])
             if m["kind"] == "video":
                 assert m["frames"] > 0 and m["fps"] > 0 and m["duration"] > 0
     assert any(r["system"] for r in rows) and any(r["system"] is None for r in rows)
@@ -94,7 +94,7 @@ def test_rerun_of_the_same_input_commits_nothing(spark, demo, first_run):
     out, summary = first_run
     uri = table_uri(str(out), "samples")
     before = (tables.open_table(uri).version(), samples_of(out))
-    again = normalize.run(spark, demo_config(demo, out))
+    again = normalize.run(spark, demo_run(demo, out))
     assert again["skipped"] is True and again["run_id"] == summary["run_id"]
     assert tables.open_table(uri).version() == before[0]
     assert samples_of(out).equals(before[1])
@@ -110,7 +110,7 @@ def test_a_new_run_id_rewrites_byte_identical_files(spark, demo, first_run):
     uri = table_uri(str(out), "samples")
     version = tables.open_table(uri).version()
     before = files_by_partition(uri)
-    rerun = normalize.run(spark, demo_config(demo, out, "run_id=forced-second-run"))
+    rerun = normalize.run(spark, demo_run(demo, out, "run_id=forced-second-run"))
     assert rerun["tables"]["samples"]["version"] == version + 1
     after = files_by_partition(uri)
     assert after == before  # same partition → same bytes, only the names carry the run id
@@ -118,8 +118,7 @@ def test_a_new_run_id_rewrites_byte_identical_files(spark, demo, first_run):
 
 def test_append_a_second_dataset_counts_existing_samples_as_duplicates(spark, demo, tmp_path):
     out = tmp_path / "out"
-    first = demo_config(demo, out)
-    first["datasets"] = [d for d in first["datasets"] if d["name"] == "sharegpt_jsonl"]
+    first = only_dataset(demo_run(demo, out), "sharegpt_jsonl")
     normalize.run(spark, first)
     existing = samples_of(out).to_pylist()
     extra = tmp_path / "extra.jsonl"
@@ -145,8 +144,10 @@ def test_append_a_second_dataset_counts_existing_samples_as_duplicates(spark, de
         if not r["media"] and not r["system"]
     ][:2]
     extra.write_text("\n".join(json.dumps(r) for r in new + old) + "\n")
-    second = demo_config(demo, out, "mode=append")
-    second["datasets"] = [{"name": "extra", "paths": [str(extra)], "media_root": str(tmp_path)}]
+    second = with_datasets(
+        demo_run(demo, out, "mode=append"),
+        [{"name": "extra", "paths": [str(extra)], "media_root": str(tmp_path)}],
+    )
     summary = normalize.run(spark, second)
     assert summary["datasets"]["extra"] == {
         "read": 6,
@@ -167,9 +168,10 @@ def test_a_fresh_spark_session_reads_the_tables(first_run):
     code = (
         "import json, sys\n"
         "from mmpack_udfs.io.spark import get_spark\n"
-        "from mmpack_udfs import tables\n"
-        "spark = get_spark({'master': 'local[1]', 'log_level': 'ERROR',"
-        " 'conf': {'spark.ui.enabled': 'false'}})\n"
+        "from mmpack_udfs.config.model import SparkConfig\n"
+        "from mmpack_udfs.io import tables\n"
+        "spark = get_spark(SparkConfig(master='local[1]', log_level='ERROR',"
+        " conf={'spark.ui.enabled': 'false'}))\n"
         f"df = tables.read_table(spark, {str(out / 'tables' / 'samples')!r})\n"
         "ids = sorted(r.sample_id for r in df.select('sample_id').collect())\n"
         "media = df.selectExpr('sum(size(media)) as n').first().n\n"

@@ -7,9 +7,9 @@ from collections import Counter
 import boto3
 import pytest
 
-from mmpack_udfs.io import fs, tables
+from mmpack_udfs.io import tables
 from mmpack_udfs.normalize import stage as normalize
-from tests.conftest import demo_config
+from tests.conftest import demo_run, only_dataset, with_datasets
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -26,18 +26,19 @@ def test_normalize_from_and_to_s3_matches_the_local_run(spark, demo, s3_bucket, 
     upload_tree(client, bucket, demo.root / "media", "media")
     client.upload_file(str(demo.root / "data" / "sharegpt.jsonl"), bucket, "data/sharegpt.jsonl")
 
-    local = demo_config(demo, tmp_path / "local")
-    local["datasets"] = [d for d in local["datasets"] if d["name"] == "sharegpt_jsonl"]
+    local = only_dataset(demo_run(demo, tmp_path / "local"), "sharegpt_jsonl")
     expected = normalize.run(spark, local)
 
-    remote = demo_config(demo, f"s3://{bucket}/out", f"s3.endpoint_override={endpoint}")
-    remote["datasets"] = [
-        {
-            "name": "sharegpt_jsonl",
-            "paths": [f"s3://{bucket}/data/*.jsonl"],
-            "media_root": f"s3://{bucket}/media",
-        }
-    ]
+    remote = with_datasets(
+        demo_run(demo, f"s3://{bucket}/out", f"s3.endpoint_override={endpoint}"),
+        [
+            {
+                "name": "sharegpt_jsonl",
+                "paths": [f"s3://{bucket}/data/*.jsonl"],
+                "media_root": f"s3://{bucket}/media",
+            }
+        ],
+    )
     got = normalize.run(spark, remote)
 
     assert got["totals"]["read"] == expected["totals"]["read"]
@@ -48,9 +49,9 @@ def test_normalize_from_and_to_s3_matches_the_local_run(spark, demo, s3_bucket, 
     shifted["media_missing"] += 1
     assert Counter(got["reasons"]) == shifted
 
-    s3 = fs.S3Options(endpoint_override=endpoint)
-    samples = tables.read_arrow(f"s3://{bucket}/out/tables/samples", s3)
+    storage = remote.storage
+    samples = tables.read_arrow(f"s3://{bucket}/out/tables/samples", storage)
     uris = [m["uri"] for media in samples.column("media").to_pylist() for m in media]
     assert uris and all(u.startswith(f"s3://{bucket}/media/") for u in uris)
-    assert fs.exists(f"s3://{bucket}/out/report/normalize.json", s3)
+    assert storage.exists(f"s3://{bucket}/out/report/normalize.json")
     assert normalize.run(spark, remote)["skipped"] is True

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from loader import PackedDataset
-from tests.conftest import PACKED_DEMO_SETTINGS, demo_config
+from tests.conftest import PACKED_DEMO_SETTINGS, demo_run
 
 pytestmark = pytest.mark.spark
 
@@ -19,7 +19,7 @@ def test_pipeline_and_loader_in_a_root_with_space_hash_and_non_ascii(spark, demo
     from mmpack_udfs.validate import stage as validate
 
     out = tmp_path / "run 1 #ü"
-    config = demo_config(demo, out, *PACKED_DEMO_SETTINGS)
+    config = demo_run(demo, out, *PACKED_DEMO_SETTINGS)
     normalize.run(spark, config)
     tokenize.run(spark, config)
     pack.run(spark, config)

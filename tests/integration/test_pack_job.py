@@ -13,7 +13,7 @@ from mmpack_udfs import cli, schemas
 from mmpack_udfs.io import tables
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.report import pack_report as report
-from tests.conftest import demo_config, fresh_output
+from tests.conftest import demo_run, fresh_output
 from tests.mmpack_udfs.test_shards import decode
 
 pytestmark = pytest.mark.spark
@@ -22,7 +22,7 @@ SMALL_SHARDS = ("pack.bins_per_shard=2", "pack.bins_per_row_group=1")
 
 
 def run_pack(spark, demo, out: Path, *overrides: str) -> dict:
-    return pack.run(spark, demo_config(demo, out, *overrides))
+    return pack.run(spark, demo_run(demo, out, *overrides))
 
 
 def manifest(out: Path) -> dict:
@@ -197,7 +197,7 @@ def test_pack_to_s3_matches_the_local_run(spark, demo, tokenized_demo, packed, s
             client.upload_file(str(path), bucket, key)
     out = f"s3://{bucket}/out"
     overrides = (*SMALL_SHARDS, f"s3.endpoint_override={endpoint}", "s3.scheme=http", "s3.region=us-east-1")
-    pack.run(spark, demo_config(demo, out, *overrides))
+    pack.run(spark, demo_run(demo, out, *overrides))
     m = json.loads(client.get_object(Bucket=bucket, Key="out/packed/manifest.json")["Body"].read())
     assert [s["sha256"] for s in m["shards"]] == shard_hashes(packed[0])
 

@@ -17,9 +17,9 @@ def frame(spark, n, offset=0):
     return spark.createDataFrame([(f"k{i:04d}", i) for i in range(offset, offset + n)], "id string, n long")
 
 
-def write(df, uri, run_id, mode="overwrite", s3=None):
+def write(df, uri, run_id, mode="overwrite", storage=fs.LOCAL):
     return tables.write_table(
-        df, uri, SCHEMA, run_id=run_id, mode=mode, sort_by=["id"], rows_per_file=40, s3=s3
+        df, uri, SCHEMA, run_id=run_id, mode=mode, sort_by=["id"], rows_per_file=40, storage=storage
     )
 
 
@@ -93,13 +93,13 @@ def test_missing_table_is_a_clear_error(spark, tmp_path):
 
 def test_tables_on_s3(spark, s3_bucket):
     endpoint, bucket = s3_bucket
-    s3 = fs.S3Options(endpoint_override=endpoint)
+    storage = fs.Storage(fs.S3Options(endpoint_override=endpoint))
     uri = f"s3://{bucket}/tables/t"
-    result = write(frame(spark, 60), uri, "s3run", s3=s3)
+    result = write(frame(spark, 60), uri, "s3run", storage=storage)
     assert (result.rows, result.files) == (60, 2)
-    assert write(frame(spark, 60), uri, "s3run", s3=s3).skipped
-    assert tables.read_arrow(uri, s3).num_rows == 60
-    assert sorted(r.n for r in tables.read_table(spark, uri, s3).collect()) == list(range(60))
+    assert write(frame(spark, 60), uri, "s3run", storage=storage).skipped
+    assert tables.read_arrow(uri, storage).num_rows == 60
+    assert sorted(r.n for r in tables.read_table(spark, uri, storage).collect()) == list(range(60))
 
 
 def test_roots_with_space_hash_and_non_ascii(spark, tmp_path):

@@ -13,7 +13,7 @@ from mmpack_udfs.normalize import stage as normalize
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.tokenize import stage as tokenize
 from mmpack_udfs.tokenize.encoder import IGNORE, SampleTokenizer, TokenizeSettings
-from tests.conftest import demo_config
+from tests.conftest import demo_run
 
 pytestmark = pytest.mark.spark
 
@@ -21,13 +21,13 @@ pytestmark = pytest.mark.spark
 @pytest.fixture(scope="module")
 def normalized(spark, demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("tokenize")
-    normalize.run(spark, demo_config(demo, out))
+    normalize.run(spark, demo_run(demo, out))
     return out
 
 
 @pytest.fixture(scope="module")
 def first_run(spark, demo, normalized):
-    config = demo_config(demo, normalized, "tokenize.rows_per_file=40")
+    config = demo_run(demo, normalized, "tokenize.rows_per_file=40")
     return config, tokenize.run(spark, config)
 
 
@@ -78,12 +78,14 @@ def test_spark_output_equals_the_pure_tokenizer(first_run, normalized):
         assert row["labels"] == expected.labels.tolist()
 
 
-def test_rerun_is_skipped_and_a_new_run_id_rewrites_identical_files(spark, first_run, normalized):
+def test_rerun_is_skipped_and_a_new_run_id_rewrites_identical_files(spark, demo, first_run, normalized):
     config, summary = first_run
     uri = table_uri(str(normalized), "tokenized")
     assert tokenize.run(spark, config)["skipped"] is True
     before = {Path(f).name.split("-")[1]: Path(f).read_bytes() for f in tables.data_files(uri)[1]}
-    again = tokenize.run(spark, {**config, "run_id": "tokenize-again"})
+    again = tokenize.run(
+        spark, demo_run(demo, normalized, "tokenize.rows_per_file=40", "run_id=tokenize-again")
+    )
     assert again["tables"]["tokenized"]["version"] == summary["tables"]["tokenized"]["version"] + 1
     after = {Path(f).name.split("-")[1]: Path(f).read_bytes() for f in tables.data_files(uri)[1]}
     assert after == before
@@ -92,9 +94,11 @@ def test_rerun_is_skipped_and_a_new_run_id_rewrites_identical_files(spark, first
 KILLED_BETWEEN_COMMITS = """
 import json, os, signal, sys
 from mmpack_udfs.io import tables
+from mmpack_udfs.config.loading import checked
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import get_spark
 from mmpack_udfs.tokenize import stage as tokenize
-config = json.loads(open(sys.argv[1]).read())
+config = checked(json.loads(open(sys.argv[1]).read()))
 real_commit, calls = tables.commit, []
 def commit_then_die(*args, **kwargs):
     calls.append(args[0])
@@ -102,7 +106,7 @@ def commit_then_die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return real_commit(*args, **kwargs)
 tables.commit = commit_then_die
-tokenize.run(get_spark(config["spark"]), config)
+tokenize.run(get_spark(config.spark), RunContext.of(config))
 """
 
 
@@ -113,8 +117,8 @@ def test_a_rerun_after_kill_9_between_the_two_commits_commits_each_table_once(
     import subprocess
     import sys
 
-    config = demo_config(demo, normalized, "run_id=killed-between-commits")
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    config = demo_run(demo, normalized, "run_id=killed-between-commits")
+    (tmp_path / "config.json").write_text(json.dumps(config.config.as_dict()))
     root = Path(__file__).resolve().parents[2]
     killed = subprocess.run(
         [sys.executable, "-c", KILLED_BETWEEN_COMMITS, str(tmp_path / "config.json")],
@@ -134,7 +138,7 @@ def test_a_rerun_after_kill_9_between_the_two_commits_commits_each_table_once(
 
 
 def test_split_policy_accounts_for_every_sample(spark, demo, normalized):
-    config = demo_config(
+    config = demo_run(
         demo, normalized, "tokenize.over_length=split", "tokenize.max_tokens=1500", "run_id=split-run"
     )
     summary = tokenize.run(spark, config)

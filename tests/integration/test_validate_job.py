@@ -12,7 +12,7 @@ import pytest
 
 from mmpack_udfs import cli
 from mmpack_udfs.validate import stage as validate
-from tests.conftest import demo_config
+from tests.conftest import demo_run
 
 pytestmark = pytest.mark.spark
 
@@ -49,7 +49,7 @@ def rewrite_shard(out, change) -> None:
 
 
 def test_a_published_packing_validates(spark, demo, packed_demo, capsys):
-    summary = validate.run(spark, demo_config(demo, packed_demo))
+    summary = validate.run(spark, demo_run(demo, packed_demo))
     assert summary["ok"] and summary["problems"] == []
     assert (
         summary["source"]["checked"] and summary["source"]["rows"] == summary["samples"] + summary["skipped"]
@@ -71,7 +71,7 @@ def test_a_corrupt_shard_fails_with_exit_1_naming_it(demo, copy, capsys):
 def test_a_lost_bin_is_caught_by_the_source_reconciliation(spark, demo, copy):
     rewrite_shard(copy, lambda table: table.slice(1))
     with pytest.raises(validate.ValidationError, match=r"sample\(s\) of the source table in no bin"):
-        validate.run(spark, demo_config(demo, copy))
+        validate.run(spark, demo_run(demo, copy))
 
 
 def test_a_duplicated_bin_is_caught(spark, demo, copy):
@@ -79,7 +79,7 @@ def test_a_duplicated_bin_is_caught(spark, demo, copy):
 
     rewrite_shard(copy, lambda table: pa.concat_tables([table, table.slice(0, 1)]))
     with pytest.raises(validate.ValidationError, match=r"in more than one bin"):
-        validate.run(spark, demo_config(demo, copy))
+        validate.run(spark, demo_run(demo, copy))
 
 
 def test_no_manifest_is_a_clear_failure(demo, tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_a_cost_index_that_disagrees_with_the_shards_is_named(spark, demo, copy)
     with pytest.raises(
         validate.ValidationError, match=r"figures differ from the shards in 1 bin\(s\) \(rows 1\)"
     ):
-        validate.run(spark, demo_config(demo, copy))
+        validate.run(spark, demo_run(demo, copy))
     index_path.write_bytes(data[:-3])
     with pytest.raises(validate.ValidationError, match="not the size and sha256"):
-        validate.run(spark, demo_config(demo, copy))
+        validate.run(spark, demo_run(demo, copy))

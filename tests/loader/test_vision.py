@@ -18,7 +18,7 @@ IMAGE_PAD, VIDEO_PAD = 151655, 151656
 
 
 def planned(image: Image.Image) -> dict:
-    profile = make_profile("qwen2_vl", load_config()["profiles"]["qwen2_vl"])
+    profile = make_profile("qwen2_vl", load_config().profiles["qwen2_vl"].model_dump())
     plan = profile.plan_image(*image.size)
     return {
         "kind": "image",

@@ -126,9 +126,9 @@ def test_numbers_given_as_text_are_read_as_the_keys_type():
     from mmpack_udfs.config import load_config
 
     config = load_config(None, ["normalize.max_image_pixels=1e8", "normalize.split_bytes=6.4e7"])
-    assert config["normalize"]["max_image_pixels"] == 100_000_000
-    assert isinstance(config["normalize"]["max_image_pixels"], int)
-    assert config["normalize"]["split_bytes"] == 64_000_000
+    assert config.normalize.max_image_pixels == 100_000_000
+    assert isinstance(config.normalize.max_image_pixels, int)
+    assert config.normalize.split_bytes == 64_000_000
 
 
 def test_a_wrong_type_names_the_key(capsys, tmp_path):

@@ -70,15 +70,15 @@ def test_a_lock_held_on_s3_by_another_host_is_refused(s3_bucket):
     from mmpack_udfs.io import fs
 
     endpoint, bucket = s3_bucket
-    s3 = fs.S3Options(endpoint_override=endpoint, scheme="http", region="us-east-1")
+    storage = fs.Storage(fs.S3Options(endpoint_override=endpoint, scheme="http", region="us-east-1"))
     out = f"s3://{bucket}/run"
-    with lock.output_lock(out, ["normalize"], s3):
-        assert fs.exists(f"{out}/{lock.LOCK_NAME}", s3)
-    assert not fs.exists(f"{out}/{lock.LOCK_NAME}", s3)
+    with lock.output_lock(out, ["normalize"], storage):
+        assert storage.exists(f"{out}/{lock.LOCK_NAME}")
+    assert not storage.exists(f"{out}/{lock.LOCK_NAME}")
     other = {"token": "x", "host": "elsewhere", "pid": 1, "stages": ["tokenize"], "started": 0}
-    fs.write_bytes(f"{out}/{lock.LOCK_NAME}", json.dumps(other).encode(), s3)
+    storage.write_bytes(f"{out}/{lock.LOCK_NAME}", json.dumps(other).encode())
     with (
         pytest.raises(lock.OutputLockedError, match="pid 1 on elsewhere"),
-        lock.output_lock(out, ["pack"], s3),
+        lock.output_lock(out, ["pack"], storage),
     ):
         pass

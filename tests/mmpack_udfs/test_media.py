@@ -98,17 +98,18 @@ def test_bad_videos(media_root, name, reason):
 def test_media_on_s3(s3_bucket, media_root):
     import boto3
 
-    from mmpack_udfs.io.fs import S3Options
+    from mmpack_udfs.io.fs import S3Options, Storage
 
     endpoint, bucket = s3_bucket
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     client.upload_file(str(media_root / "wide.jpg"), bucket, "m/wide.jpg")
     client.upload_file(str(media_root / "clip.mp4"), bucket, "m/clip.mp4")
-    s3 = S3Options(endpoint_override=endpoint)
-    image = media.probe("image", media.resolve("wide.jpg", f"s3://{bucket}/m"), SETTINGS, s3)
-    video = media.probe("video", f"s3://{bucket}/m/clip.mp4", SETTINGS, s3)
+    storage = Storage(S3Options(endpoint_override=endpoint))
+    image = media.probe("image", media.resolve("wide.jpg", f"s3://{bucket}/m"), SETTINGS, storage)
+    video = media.probe("video", f"s3://{bucket}/m/clip.mp4", SETTINGS, storage)
     assert (image.width, image.height, video.frames) == (300, 120, 20)
-    assert reason_of(media.probe, "image", f"s3://{bucket}/m/none.jpg", SETTINGS, s3) == Reason.MEDIA_MISSING
+    missing = reason_of(media.probe, "image", f"s3://{bucket}/m/none.jpg", SETTINGS, storage)
+    assert missing == Reason.MEDIA_MISSING
 
 
 def test_rejection_details_are_the_same_on_every_run(media_root):
@@ -168,7 +169,7 @@ def test_a_truncated_video_is_planned_from_the_frames_that_decode(tmp_path):
 
     info = media.probe("video", str(cut), media.ProbeSettings())
     assert info.frames == decodable and info.duration == decodable / info.fps
-    profile = make_profile("qwen2_vl", load_config()["profiles"]["qwen2_vl"])
+    profile = make_profile("qwen2_vl", load_config().profiles["qwen2_vl"].model_dump())
     planned = profile.plan_video(info.frames, info.fps, info.width, info.height).frame_indices
     from_header = profile.plan_video(claimed, info.fps, info.width, info.height).frame_indices
     assert max(from_header) >= decodable  # what the loader could not read before

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mmpack_udfs.config import load_config
+from mmpack_udfs.io import fs
 from mmpack_udfs.pack import costs
 from mmpack_udfs.pack import stage as pack
 from tests.mmpack_udfs.test_shards import tokenized_rows
@@ -67,7 +68,9 @@ def test_a_shard_does_not_depend_on_how_its_rows_arrive(tmp_path):
     results = []
     for seed in (0, 1, 2):
         shuffled = mine.take(pa.array(np.random.default_rng(seed).permutation(mine.num_rows)))
-        result = pack.write_placed_shard(shuffled, 0, SETTINGS, str(tmp_path / str(seed)), "shards/t", None)
+        result = pack.write_placed_shard(
+            shuffled, 0, SETTINGS, str(tmp_path / str(seed)), "shards/t", fs.LOCAL
+        )
         results.append(result.to_pylist()[0])
     assert len({r["written"]["sha256"] for r in results}) == 1
     assert results[0]["written"]["rows"] == SETTINGS.bins_per_shard

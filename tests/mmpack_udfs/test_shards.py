@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmpack_udfs import schemas
+from mmpack_udfs.io import fs
 from mmpack_udfs.pack import shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 
@@ -133,7 +134,7 @@ def test_write_shard_reports_the_bytes_it_wrote(tmp_path):
     packing = first_fit_decreasing(lengths, 500)
     lay = shards.layout(packing.bin_of, lengths, np.arange(packing.num_bins))
     batch = shards.build_bins(rows, lay, 0, lay.num_bins, group=0, read_media=None)
-    written = shards.write_shard(str(tmp_path), "shards/x/g00000-00000.parquet", [batch], 2, None)
+    written = shards.write_shard(str(tmp_path), "shards/x/g00000-00000.parquet", [batch], 2, fs.LOCAL)
     path = tmp_path / written.path
     data = path.read_bytes()
     assert written.bytes == len(data) and written.sha256 == hashlib.sha256(data).hexdigest()

@@ -1,5 +1,6 @@
 import pytest
 
+from mmpack_udfs.config.model import DatasetConfig
 from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 
@@ -141,8 +142,7 @@ def test_sample_id_is_a_content_hash():
 
 
 def test_dataset_paths_resolve_against_the_config_directory():
-    spec = DatasetSpec.from_config(
-        {"name": "n", "paths": "data/*.jsonl", "media_root": "s3://b/media", "_base_dir": "/cfg"}
-    )
+    entry = {"name": "n", "paths": "data/*.jsonl", "media_root": "s3://b/media", "_base_dir": "/cfg"}
+    spec = DatasetSpec.from_config(DatasetConfig.model_validate(entry))
     assert spec.paths == ("/cfg/data/*.jsonl",)
     assert spec.media_root == "s3://b/media"

@@ -16,7 +16,7 @@ from mmpack_udfs.tokenize.encoder import IGNORE, SampleTokenizer, TokenizeSettin
 from tests.oracles import qwen2_vl as oracle
 
 CONFIG = load_config()
-QWEN = CONFIG["profiles"]["qwen2_vl"]
+QWEN = CONFIG.profiles["qwen2_vl"].model_dump()
 
 
 def make_tokenizer(**overrides) -> SampleTokenizer:

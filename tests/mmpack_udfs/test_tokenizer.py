@@ -84,7 +84,7 @@ from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 from mmpack_udfs.config import load_config
 config = load_config()
 settings = TokenizeSettings(
-    tokenizer_path=sys.argv[1], profile_name="qwen2_vl", profile=config["profiles"]["qwen2_vl"],
+    tokenizer_path=sys.argv[1], profile_name="qwen2_vl", profile=config.profiles["qwen2_vl"].model_dump(),
     max_tokens=4096, tokenizer_json=True,
 )
 image = {"kind": "image", "uri": "/m/a.png", "width": 640, "height": 480, "frames": None, "fps": None}

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from mmpack_udfs.io import fs
 from mmpack_udfs.pack import shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.validate.stage import bin_problems, check_shard, manifest_problems
@@ -91,7 +92,7 @@ def test_bins_over_the_budget_and_media_outside_their_bin():
 @pytest.fixture
 def written(tmp_path):
     bins = packed_bins(40)
-    shard = shards.write_shard(str(tmp_path), "shards/t/g0-0.parquet", bins.to_batches(), 4, None)
+    shard = shards.write_shard(str(tmp_path), "shards/t/g0-0.parquet", bins.to_batches(), 4, fs.LOCAL)
     entry = {
         k: getattr(shard, k) for k in ("path", "rows", "samples", "tokens", "bytes", "sha256", "row_groups")
     }
@@ -100,7 +101,7 @@ def written(tmp_path):
 
 def test_a_shard_that_matches_its_entry_yields_its_sample_ids(written):
     root, entry, bins = written
-    problems, ids = check_shard(str(root), entry, BUDGET, None)
+    problems, ids = check_shard(str(root), entry, BUDGET, fs.LOCAL)
     assert problems == []
     assert sorted(ids.to_pylist()) == sorted(pc.list_flatten(bins["sample_ids"]).to_pylist())
 
@@ -111,15 +112,15 @@ def test_a_changed_or_missing_shard_is_reported_not_raised(written):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    problems, ids = check_shard(str(root), entry, BUDGET, None)
+    problems, ids = check_shard(str(root), entry, BUDGET, fs.LOCAL)
     assert len(ids) == 0 and "sha256 " + hashlib.sha256(data).hexdigest() in problems[0]
     path.unlink()
-    assert check_shard(str(root), entry, BUDGET, None)[0] == [f"{entry['path']}: missing"]
+    assert check_shard(str(root), entry, BUDGET, fs.LOCAL)[0] == [f"{entry['path']}: missing"]
 
 
 def test_entry_figures_that_disagree_with_the_shard(written):
     root, entry, _ = written
-    problems, _ = check_shard(str(root), {**entry, "rows": entry["rows"] + 1, "tokens": 5}, BUDGET, None)
+    problems, _ = check_shard(str(root), {**entry, "rows": entry["rows"] + 1, "tokens": 5}, BUDGET, fs.LOCAL)
     assert [p.split(": ", 1)[1].split(" is ")[0] for p in problems] == ["rows", "tokens"]
 
 

@@ -1,0 +1,453 @@
+"""The configuration model: the one place where a config key, its type, default, rules and
+help text are written.
+
+Everything else derives from it: the defaults (``Config()``), conf/defaults.yaml and the
+README's configuration reference (both rendered by ``config.docs`` and checked by a test),
+``--set`` parsing (by the field's type) and the error messages (which name the key).
+
+To add a key, add a field to its section below with ``help=...``, then run
+``make config-docs`` (the test ``test_generated_config_docs_are_current`` fails until you do).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic_core import PydanticCustomError
+
+SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
+
+
+# -- value rules: each says in words what it wants, and errors say it after the key ---------
+def _rule(phrase: str, convert: Callable[[Any], Any]) -> PlainValidator:
+    """A validator that returns ``convert(value)`` or fails with ``<key> <phrase>, got <value>``."""
+
+    def check(value: Any) -> Any:
+        try:
+            return convert(value)
+        except (TypeError, ValueError):
+            raise PydanticCustomError("mmpack", phrase) from None
+
+    return PlainValidator(check)
+
+
+def _number(value: Any) -> int | float:
+    """An int or float (text such as ``1e8`` counts, as ``--set`` gives it); never a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError
+    if isinstance(value, str):
+        number = float(value)
+        return (
+            int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+        )
+    return value
+
+
+def _whole(minimum: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        number = _number(value)
+        if not float(number).is_integer() or number < minimum:
+            raise ValueError
+        return int(number)
+
+    return convert
+
+
+def _positive(value: Any) -> int | float:
+    number = _number(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError
+    return number
+
+
+def _cost(value: Any) -> float:
+    number = float(_number(value))
+    if not math.isfinite(number) or number < 0:
+        raise ValueError
+    return number
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError
+    return value
+
+
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+def _choice(*allowed: str | None) -> PlainValidator:
+    names = ", ".join("null" if a is None else a for a in allowed)
+
+    def convert(value: Any) -> Any:
+        if value not in allowed:
+            raise ValueError
+        return value
+
+    return _rule(f"must be one of {names}", convert)
+
+
+def _paths(value: Any) -> str | list[str]:
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return value
+    raise TypeError
+
+
+def _log_level(value: Any) -> str:
+    if str(value).upper() not in SPARK_LOG_LEVELS:
+        raise ValueError
+    return value
+
+
+def _spark_setting(value: Any) -> Any:
+    if not isinstance(value, str | int | float | bool):
+        raise TypeError
+    return value
+
+
+PositiveInt = Annotated[int, _rule("must be a positive integer", _whole(1))]
+NonNegativeInt = Annotated[int, _rule("must be a non-negative integer", _whole(0))]
+OptionalPositiveInt = Annotated[int | None, _rule("must be a positive integer or null", _optional(_whole(1)))]
+Seconds = Annotated[int | float, _rule("must be a positive number of seconds", _positive)]
+Cost = Annotated[float, _rule("must be a finite number >= 0", _cost)]
+Flag = Annotated[bool, _rule("must be true or false", _flag)]
+Text = Annotated[str, _rule("must be a non-empty string", _text)]
+OptionalText = Annotated[str | None, _rule("must be a non-empty string or null", _optional(_text))]
+LogLevel = Annotated[str, _rule(f"must be one of {', '.join(SPARK_LOG_LEVELS)}", _log_level)]
+SparkSetting = Annotated[
+    str | int | float | bool, _rule("must be a string, number or boolean", _spark_setting)
+]
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors; values are checked when assigned too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# -- sections ------------------------------------------------------------------------------
+class SparkConfig(Section):
+    """The embedded SparkSession (spark-submit passes its own master)."""
+
+    master: Text = Field("local[*]", description="Spark master of the embedded session (`--master`); "
+                         "ignored under spark-submit")  # fmt: skip
+    app_name: Text = Field("mmpack", description="Spark application name")
+    log_level: LogLevel = Field("WARN", description="Spark log level")
+    conf: dict[str, SparkSetting] = Field(
+        default_factory=lambda: {
+            "spark.sql.shuffle.partitions": "8",
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "2000",
+            "spark.ui.showConsoleProgress": "false",
+        },
+        description="any Spark setting, passed through as-is (`--set spark.conf.spark.executor.memory=8g`)",
+    )
+
+
+class S3Config(Section):
+    """S3 access (pyarrow.fs.S3FileSystem). Credentials come from the standard AWS chain."""
+
+    endpoint_override: OptionalText = Field(
+        None, description="S3-compatible endpoint, e.g. `http://127.0.0.1:9000`"
+    )
+    region: OptionalText = Field(None, description="S3 region (`null`: pyarrow's default resolution)")
+    scheme: Annotated[str | None, _choice("http", "https", None)] = Field(
+        None, description="`http` or `https` (`null`: pyarrow decides)"
+    )
+    connect_timeout: Seconds = Field(10, description="seconds to connect")
+    request_timeout: Seconds = Field(60, description="seconds per request")
+    retries: PositiveInt = Field(5, description="attempts per S3 request (AWS standard retry strategy)")
+
+
+class DatasetConfig(Section):
+    """One input dataset."""
+
+    name: Text = Field(description="dataset name (kept in every row)")
+    paths: Annotated[str | list[str], _rule("must be a path or a non-empty list of paths", _paths)] = Field(
+        description="files, directories or globs (local or s3://), relative to the config file"
+    )
+    format: Annotated[str, _choice("auto", "json", "jsonl", "parquet")] = Field(
+        "auto", description="auto | json | jsonl | parquet (auto: by file extension)"
+    )
+    dialect: Annotated[str, _choice("auto", "sharegpt", "openai")] = Field(
+        "auto", description="auto | sharegpt | openai (auto: per record, by which key is present)"
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="overrides of the record keys: messages, system, images, videos, image",
+    )
+    tags: dict[str, Any] = Field(
+        default_factory=dict,
+        description="overrides of the role tags: role_key, content_key, user, assistant, system, "
+        "function_call, observation, image_placeholder, video_placeholder",
+    )
+    media_root: Text = Field(description="directory or s3:// prefix that media references resolve against")
+    base_dir: str | None = Field(None, alias="_base_dir")  # set by load_config: where the file was
+
+
+class NormalizeConfig(Section):
+    """Stage 1: reading the inputs and probing their media."""
+
+    max_image_pixels: PositiveInt = Field(
+        89478485, description="images above this many pixels are quarantined (`image_too_large`)"
+    )
+    decode_images: Flag = Field(
+        True, description="decode every image (reduced-scale for JPEG) to catch corrupt files"
+    )
+    video_check_frames: PositiveInt = Field(
+        1, description="frames that must decode for a video to be accepted"
+    )
+    split_bytes: PositiveInt = Field(67108864, description="JSONL files are read in byte ranges of this size")
+    rows_per_file: PositiveInt = Field(
+        100000, description="target rows per Parquet file of the output tables"
+    )
+    max_raw_chars: PositiveInt = Field(
+        1048576, description="quarantine rows keep at most this much of the raw record"
+    )
+
+
+def _tokenizer_dir(value: Any) -> str | None:
+    path = _optional(_text)(value)
+    if path is None or path.startswith("s3://") or os.path.isdir(path):
+        return path
+    raise PydanticCustomError(
+        "mmpack",
+        "must be a tokenizer directory, and there is none at {path} (a local Hugging Face "
+        "tokenizer directory, present on the driver and every executor; null: the built-in Qwen2)",
+        {"path": path},
+    )
+
+
+class TokenizeConfig(Section):
+    """Stage 2: turning conversations and media into token ids and labels."""
+
+    profile: Text = Field("qwen2_vl", description="a key of `profiles`")
+    tokenizer: Annotated[str | None, PlainValidator(_tokenizer_dir)] = Field(
+        None,
+        description="a local Hugging Face tokenizer directory; `null`: the built-in Qwen2 vocabulary with "
+        "the Qwen2-VL special tokens (built offline, cached under ~/.cache/mmpack or $MMPACK_CACHE)",
+    )
+    max_tokens: PositiveInt = Field(16384, description="longest sample, in tokens")
+    over_length: Annotated[str, _choice("drop", "truncate", "split")] = Field(
+        "drop", description="longer samples: `drop` (quarantine, `too_long`), `truncate`, `split`"
+    )
+    loss: Annotated[str, _choice("assistant", "all", "last")] = Field(
+        "assistant",
+        description="supervised tokens: `assistant` (every assistant turn), `all`, "
+        "`last` (last assistant turn)",
+    )
+    rows_per_file: PositiveInt = Field(
+        5000, description="samples per Spark task and per Parquet file of `tokenized`"
+    )
+
+
+class PackConfig(Section):
+    """Stage 3: packing samples into bins and writing the shards."""
+
+    budget: OptionalPositiveInt = Field(None, description="tokens per bin; `null`: `tokenize.max_tokens`")
+    second_budget_by: Annotated[str, _choice("none", "media_items", "vision_patches")] = Field(
+        "none", description="a second limit per bin: `none`, `media_items`, `vision_patches`"
+    )
+    second_budget: OptionalPositiveInt = Field(
+        None, description="that limit (required when `second_budget_by` is not `none`)"
+    )
+    oversize: Annotated[str, _choice("error", "skip")] = Field(
+        "error",
+        description="a sample over a budget: `error` (the job fails naming it) or `skip` (left out, listed "
+        "in `report/pack_skipped.json`)",
+    )
+    bins_per_shard: PositiveInt = Field(2048, description="bins (Parquet rows) per shard file")
+    bins_per_row_group: PositiveInt = Field(
+        32, description="bins per Parquet row group: the unit a loader reads and shuffles"
+    )
+    embed_media: Flag = Field(
+        True, description="store every media file's bytes in the shard; `false`: URIs only"
+    )
+    seed: NonNegativeInt = Field(0, description="seeds the order of bins of equal cost")
+
+    @model_validator(mode="after")
+    def _second_budget_given(self) -> PackConfig:
+        if self.second_budget_by != "none" and self.second_budget is None:
+            raise PydanticCustomError(
+                "mmpack_named",
+                "pack.second_budget must be a positive integer when pack.second_budget_by is set",
+            )
+        return self
+
+
+class CostModelConfig(Section):
+    """Cost of a bin per phase, in FLOPs (only ratios matter)."""
+
+    llm_token: Cost = Field(description="LLM cost per token (≈ 6 × LLM parameters)")
+    llm_pair: Cost = Field(description="LLM attention cost per Σ l² (≈ 6 × layers × hidden)")
+    vision_patch: Cost = Field(description="vision cost per patch (≈ 6 × vision-tower parameters)")
+    vision_pair: Cost = Field(description="vision attention cost per Σ patches² (≈ 12 × layers × width)")
+
+
+def _seven_b_llm(vision_patch: float, vision_pair: float) -> CostModelConfig:
+    """A 7B LLM (32 layers × 4096) with the given vision tower."""
+    return CostModelConfig(
+        llm_token=3.9e10, llm_pair=7.9e5, vision_patch=vision_patch, vision_pair=vision_pair
+    )
+
+
+class BalanceConfig(Section):
+    """Balancing data-parallel ranks. Each profile's cost model prices a bin per phase:
+    LLM = llm_token × tokens + llm_pair × Σ length²; vision = vision_patch × patches +
+    vision_pair × Σ patches² (per attention block). Defaults: training FLOPs of a 7B LLM and
+    of the profile's vision tower (docs/BALANCE.md derives them); calibrate from one
+    profiled step. pack orders bins into cost-stratified row groups with it; the loader and
+    `mmpack balance-report` plan balanced steps with it."""
+
+    cost_model: dict[str, CostModelConfig] = Field(
+        default_factory=lambda: {
+            "qwen2_vl": _seven_b_llm(4.0e9, 4.9e5),  # Qwen2-VL's 675 M-parameter ViT (32 × 1280)
+            "internvl": _seven_b_llm(1.8e9, 2.95e5),  # InternViT-300M (24 × 1024)
+        },
+        description="the cost model of each profile, by profile name",
+    )
+
+
+class Qwen2VLImage(Section):
+    min_pixels: PositiveInt = Field(3136, description="smallest resized image (56 × 56)")
+    max_pixels: PositiveInt = Field(1003520, description="largest resized image (28 × 28 × 1280)")
+
+
+class Qwen2VLVideo(Section):
+    fps: Annotated[int | float, _rule("must be a positive number", _positive)] = Field(
+        2.0, description="frames sampled per second of video"
+    )
+    min_frames: PositiveInt = Field(4, description="fewest sampled frames")
+    max_frames: PositiveInt = Field(768, description="most sampled frames")
+    min_pixels: PositiveInt = Field(100352, description="smallest resized frame (128 × 28 × 28)")
+    max_pixels: PositiveInt = Field(602112, description="largest resized frame (28 × 28 × 768)")
+
+
+class Qwen2VLProfile(Section):
+    """Qwen2-VL: dynamic resolution, (h/28)(w/28) tokens per image."""
+
+    kind: Literal["qwen2_vl"] = Field("qwen2_vl", description="which model family the profile describes")
+    default_system: str = Field(
+        "You are a helpful assistant.", description="system prompt of samples that have none"
+    )
+    image: Qwen2VLImage = Qwen2VLImage()
+    video: Qwen2VLVideo = Qwen2VLVideo()
+
+
+class InternVLImage(Section):
+    tile_size: PositiveInt = Field(448, description="tile side in pixels")
+    tokens_per_tile: PositiveInt = Field(256, description="`<IMG_CONTEXT>` tokens per tile")
+    min_tiles: PositiveInt = Field(1, description="fewest tiles per image")
+    max_tiles: PositiveInt = Field(12, description="most tiles per image (before the thumbnail)")
+    thumbnail: Flag = Field(
+        True, description="add a thumbnail tile when an image is split into more than one tile"
+    )
+
+
+class InternVLVideo(Section):
+    frames: PositiveInt = Field(8, description="frames sampled uniformly per video, one tile each")
+
+
+class InternVLProfile(Section):
+    """InternVL: 448 px tiles of 256 tokens, dynamic tiling."""
+
+    kind: Literal["internvl"] = Field("internvl", description="which model family the profile describes")
+    default_system: str = Field(
+        "You are a helpful assistant.", description="system prompt of samples that have none"
+    )
+    image: InternVLImage = InternVLImage()
+    video: InternVLVideo = InternVLVideo()
+
+
+ProfileConfig = Annotated[Qwen2VLProfile | InternVLProfile, Field(discriminator="kind")]
+PROFILE_KINDS = ("qwen2_vl", "internvl")
+
+
+class Config(Section):
+    """mmpack's configuration. Defaults here; `--config FILE` and `--set key=value` override
+    them (unknown keys are an error)."""
+
+    output: Text = Field(
+        "demo-out",
+        description="output root of a run: `tables/`, `packed/`, `report/`; a path or `s3://bucket/prefix` "
+        "(`--out`)",
+    )
+    run_id: OptionalText = Field(
+        None,
+        description="run id of the idempotent commits; `null`: derived from the config and the input files "
+        "(`--run-id`)",
+    )
+    mode: Annotated[str, _choice("overwrite", "append")] = Field(
+        "overwrite",
+        description="Delta write mode: `overwrite` replaces a table's content, `append` adds to it "
+        "(`--mode`)",
+    )
+    spark: SparkConfig = SparkConfig()
+    s3: S3Config = S3Config()
+    datasets: list[DatasetConfig] = Field(
+        default_factory=list,
+        description="input datasets: `name`, `paths`, `format`, `dialect`, `columns`, `tags`, `media_root` "
+        "(see [Running it on your data](#running-it-on-your-data))",
+    )
+    normalize: NormalizeConfig = NormalizeConfig()
+    tokenize: TokenizeConfig = TokenizeConfig()
+    pack: PackConfig = PackConfig()
+    balance: BalanceConfig = BalanceConfig()
+    profiles: dict[str, ProfileConfig] = Field(
+        default_factory=lambda: {"qwen2_vl": Qwen2VLProfile(), "internvl": InternVLProfile()},
+        description="how each model turns a conversation and its media into tokens, by profile name; "
+        "add one under a new name",
+    )
+
+    @model_validator(mode="after")
+    def _profiles_are_complete(self) -> Config:
+        if self.tokenize.profile not in self.profiles:
+            raise PydanticCustomError(
+                "mmpack_named",
+                "tokenize.profile '{name}' is not a profile (known: {known})",
+                {"name": self.tokenize.profile, "known": ", ".join(sorted(self.profiles))},
+            )
+        for name in self.profiles:
+            if name not in self.balance.cost_model:
+                raise PydanticCustomError(
+                    "mmpack_named",
+                    "balance.cost_model.{name}: profile '{name}' has no cost model",
+                    {"name": name},
+                )
+        names = [d.name for d in self.datasets]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise PydanticCustomError(
+                    "mmpack_named", "datasets[{i}]: duplicate dataset name '{name}'", {"i": i, "name": name}
+                )
+        return self
+
+    # -- views the stages use --------------------------------------------------------------
+    @property
+    def profile(self) -> Qwen2VLProfile | InternVLProfile:
+        """The profile the run tokenizes with (``profiles[tokenize.profile]``)."""
+        return self.profiles[self.tokenize.profile]
+
+    @property
+    def pack_budget(self) -> int:
+        """Tokens per bin: ``pack.budget``, or ``tokenize.max_tokens`` when that is null."""
+        return self.pack.budget or self.tokenize.max_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        """The configuration as plain data, as the manifest and run ids record it: every key,
+        except that each dataset keeps only the keys its entry gave."""
+        data = self.model_dump(by_alias=True)
+        data["datasets"] = [d.model_dump(by_alias=True, exclude_unset=True) for d in self.datasets]
+        return data
