@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test test-airflow airflow-setup lint dist bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-balance clean
+.PHONY: setup java demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-balance clean
 
 setup: java $(STAMP)
 
@@ -55,6 +55,10 @@ lint: setup
 
 dist: setup
 	$(BIN)/python tools/make_dist.py dist
+
+# conf/defaults.yaml and the README's configuration reference, from mmpack_udfs/config/model.py
+config-docs: setup
+	$(BIN)/python -m mmpack_udfs.config.docs
 
 bench-normalize: setup
 	$(BIN)/python bench/bench_normalize.py --sizes 10000 100000

@@ -131,6 +131,15 @@ def run_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_config(args: argparse.Namespace) -> int:
+    """Print the configuration a run would use (or every key with its help)."""
+    from mmpack_udfs.config import docs
+
+    config = load_config(args.config, args.overrides)
+    print(docs.render_keys(config) if args.keys else docs.render_yaml(config), end="")
+    return EXIT_OK
+
+
 def run_demo_data(args: argparse.Namespace) -> int:
     from mmpack_udfs.demo import data as demo_data
 
@@ -203,6 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_options(p)
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
     p.set_defaults(func=run_gc)
+
+    p = commands.add_parser(
+        "config",
+        help="print the configuration a run would use, with every key's help (--keys: one per line)",
+        description="The defaults, merged with --config FILE and --set overrides, checked, as YAML "
+        "with the help text of every key (a starting point for your own config file).",
+    )
+    add_config_file_options(p, "pack.budget=8192")
+    p.add_argument("--keys", action="store_true", help="list every key, its value and what it does")
+    add_verbose_option(p)
+    p.set_defaults(func=run_config)
 
     p = commands.add_parser("demo-data", help="generate a realistic demo dataset with real media")
     p.add_argument("dir", help="directory to write the dataset into")

@@ -227,7 +227,7 @@ RGB_CONVERTIBLE_MODES = frozenset(
 
 # The per-bin cost index (cost_index.parquet beside manifest.json, named and hashed in it):
 # one row per bin, in manifest shard order then row order, so a trainer plans an epoch
-# without opening a shard. See docs/FORMAT.md and mmpack_udfs/costs.py.
+# without opening a shard. See docs/FORMAT.md and mmpack_udfs/pack/costs.py.
 COST_INDEX_NAME = "cost_index.parquet"
 COST_INDEX_COLUMNS = (
     "shard",  # index into the manifest's shards

@@ -31,9 +31,12 @@ Deployment settings, read from the environment when the DAG is parsed:
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
 import os
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -44,6 +47,17 @@ SPARK_CONN_ID = os.environ.get("MMPACK_SPARK_CONN_ID", "spark_default")
 SPARK_PYTHON = os.environ.get("MMPACK_PYTHON")
 SPARK_ARCHIVES = os.environ.get("MMPACK_ARCHIVES")
 
+
+def load_pipeline(home: Path) -> ModuleType:
+    """mmpack's stage list (mmpack_udfs/pipeline.py, standard library only), read from the
+    checkout by path: the Airflow environment does not install mmpack."""
+    spec = importlib.util.spec_from_file_location("mmpack_stages", home / "mmpack_udfs" / "pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PIPELINE = load_pipeline(MMPACK_HOME)
 MANIFEST_ASSET = Asset(name="mmpack_packed_manifest", uri="x-mmpack://packed-manifest")
 PACKED_MANIFEST = "packed/manifest.json"  # under the output root (mmpack_udfs.schemas.manifest_uri)
 
@@ -74,11 +88,12 @@ STAGE_ARGS = [
     "--set", "tokenize.max_tokens={{ params.budget }}",
     "--set", "pack.budget={{ params.budget }}",
 ]  # fmt: skip
-TIMEOUTS = {  # per attempt; a stage that runs longer is killed and retried
+TASK_IDS = {"validate": "validate-shards"}  # task id of a stage, where it is not the stage's name
+TIMEOUTS = {  # per attempt, by stage; a stage that runs longer is killed and retried
     "normalize": timedelta(hours=6),
     "tokenize": timedelta(hours=8),
     "pack": timedelta(hours=4),
-    "validate-shards": timedelta(hours=2),
+    "validate": timedelta(hours=2),
 }
 DEFAULT_ARGS = {
     "owner": "mmpack",
@@ -109,10 +124,10 @@ class ValidateShardsOperator(SparkSubmitOperator):
         )
 
 
-def spark_stage(stage: str, task_id: str, operator: type[SparkSubmitOperator] = SparkSubmitOperator, **kw):
+def spark_stage(stage: str, operator: type[SparkSubmitOperator] = SparkSubmitOperator, **kw):
     """One pipeline stage as a spark-submit of jobs/mmpack_job.py <stage> with the executor zip."""
     return operator(
-        task_id=task_id,
+        task_id=TASK_IDS.get(stage, stage),
         conn_id=SPARK_CONN_ID,
         application=str(MMPACK_HOME / "jobs" / "mmpack_job.py"),
         py_files=str(MMPACK_HOME / "dist" / "mmpack_udfs.zip"),
@@ -120,7 +135,7 @@ def spark_stage(stage: str, task_id: str, operator: type[SparkSubmitOperator] = 
         conf={"spark.pyspark.python": SPARK_PYTHON} if SPARK_PYTHON else None,
         name=f"mmpack-{stage}",
         application_args=[stage, *STAGE_ARGS],
-        execution_timeout=TIMEOUTS[task_id],
+        execution_timeout=TIMEOUTS[stage],
         **kw,
     )
 
@@ -137,10 +152,11 @@ with DAG(
     tags=["mmpack", "spark", "training-data"],
     doc_md=__doc__,
 ) as dag:
-    normalize = spark_stage("normalize", "normalize")
-    tokenize = spark_stage("tokenize", "tokenize")
-    pack = spark_stage("pack", "pack")
-    validate_shards = spark_stage(
-        "validate", "validate-shards", ValidateShardsOperator, outlets=[MANIFEST_ASSET]
-    )
-    normalize >> tokenize >> pack >> validate_shards
+    tasks = [  # normalize → tokenize → pack → validate, in the order mmpack declares them
+        spark_stage(s.name, ValidateShardsOperator, outlets=[MANIFEST_ASSET])
+        if s.name == "validate"
+        else spark_stage(s.name)
+        for s in PIPELINE.STAGES
+    ]
+    for before, after in itertools.pairwise(tasks):
+        before >> after

@@ -14,7 +14,7 @@ from mmpack_udfs.io import tables
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.report import pack_report as report
 from tests.conftest import demo_run, fresh_output
-from tests.mmpack_udfs.test_shards import decode
+from tests.mmpack_udfs.pack.test_shards import decode
 
 pytestmark = pytest.mark.spark
 

@@ -36,7 +36,8 @@ def table_rows(out: Path, name: str) -> list[dict]:
 def test_spark_submit_jobs_match_mmpack_run(demo, tmp_path):
     dist = make_dist.build(tmp_path / "dist")
     names = zipfile.ZipFile(dist).namelist()
-    assert {"mmpack_udfs/costs.py", "loader/balance.py", "mmpack_udfs/conf/defaults.yaml"} <= set(names)
+    assert {"mmpack_udfs/pack/costs.py", "loader/balance.py", "mmpack_udfs/config/model.py"} <= set(names)
+    assert not [name for name in names if name.startswith("mmpack_udfs/demo/")]
     by_cli, by_submit = tmp_path / "run", tmp_path / "submit"
     assert cli.main(["run", "--config", str(demo.config), "--out", str(by_cli), "--master", "local[2]"]) == 0
     for job in [*cli.PIPELINE, "validate"]:

@@ -154,3 +154,13 @@ def test_a_tokenizer_without_the_profiles_chat_tokens_exits_2_before_spark(capsy
     assert code == cli.EXIT_BAD_CONFIG
     err = capsys.readouterr().err
     assert "tokenize.tokenizer" in err and "<|im_start|>" in err and "profile 'qwen2_vl'" in err
+
+
+def test_config_prints_the_checked_configuration_with_help(capsys):
+    assert cli.main(["config", "--set", "pack.budget=1e4"]) == cli.EXIT_OK
+    printed = capsys.readouterr().out
+    assert "  budget: 10000" in printed and "# tokens per bin" in printed
+    assert cli.main(["config", "--keys"]) == cli.EXIT_OK
+    assert "normalize.max_image_pixels = 89478485" in capsys.readouterr().out
+    assert cli.main(["config", "--set", "pack.budgt=3"]) == cli.EXIT_BAD_CONFIG
+    assert "unknown config key 'pack.budgt'" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from mmpack_udfs.config import load_config
 from mmpack_udfs.io import fs
 from mmpack_udfs.pack import costs
 from mmpack_udfs.pack import stage as pack
-from tests.mmpack_udfs.test_shards import tokenized_rows
+from tests.mmpack_udfs.pack.test_shards import tokenized_rows
 
 SETTINGS = pack.PackSettings.from_config(
     load_config(None, ["pack.budget=900", "pack.bins_per_shard=8", "pack.bins_per_row_group=4",

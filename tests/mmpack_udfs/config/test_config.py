@@ -1,10 +1,9 @@
-import json
-import re
-from pathlib import Path
-
 import pytest
+import yaml
+from pydantic import Field
 
-from mmpack_udfs.config import ConfigError, config_hash, load_config
+from mmpack_udfs.config import Config, ConfigError, config_hash, docs, load_config
+from mmpack_udfs.config.model import PackConfig
 
 
 def test_defaults_load_and_validate():
@@ -71,25 +70,30 @@ def test_config_hash_ignores_spark_settings():
     assert config_hash(a) == config_hash(b) != config_hash(c)
 
 
-def _leaves(config: dict, prefix: str = ""):
-    for key, value in config.items():
-        if isinstance(value, dict) and value and prefix + key != "spark.conf":
-            yield from _leaves(value, f"{prefix}{key}.")
-        else:
-            yield prefix + key, value
+def test_generated_config_docs_are_current():
+    """conf/defaults.yaml and the README's reference are what the model renders
+    (`make config-docs` rewrites them)."""
+    assert docs.stale_files() == []
 
 
-def test_the_readme_reference_names_every_key_with_its_default():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    reference = readme.split("## Configuration reference", 1)[1]
-    documented = dict(re.findall(r"^\| `([^`]+)` \| ([^|]*) \|", reference, re.MULTILINE))
-    for key, value in _leaves(load_config().as_dict()):
-        generic = re.sub(r"^profiles\.\w+\.(kind|default_system)$", r"profiles.<name>.\1", key)
-        generic = re.sub(r"^(balance\.cost_model)\.\w+\.(llm_\w+)$", r"\1.<profile>.\2", generic)
-        assert generic in documented, f"README's configuration reference lacks {key}"
-        if generic == key and not isinstance(value, dict):
-            shown = value if isinstance(value, str) else json.dumps(value)
-            assert documented[key] == f"`{shown}`", f"README gives {key} the default {documented[key]}"
+def test_defaults_yaml_reads_back_as_the_defaults():
+    written = yaml.safe_load(docs.DEFAULTS_FILE.read_text())
+    assert written == Config().model_dump(by_alias=True)
+    assert load_config(docs.DEFAULTS_FILE).as_dict() == load_config().as_dict()
+
+
+def test_a_key_added_to_the_model_appears_in_every_generated_document():
+    class Pack(PackConfig):
+        compression: str = Field("zstd", description="shard compression codec")
+
+    class WithKey(Config):
+        pack: Pack = Pack()
+
+    config = WithKey()
+    assert "| `pack.compression` | `zstd` | shard compression codec |" in docs.render_table(config)
+    assert "  compression: zstd" in docs.render_yaml(config)
+    assert "pack.compression = zstd\n    shard compression codec" in docs.render_keys(config)
+    assert yaml.safe_load(docs.render_yaml(config))["pack"]["compression"] == "zstd"
 
 
 def test_text_overrides_are_verbatim_hash_is_not_a_comment():

@@ -14,7 +14,7 @@ import pytest
 from mmpack_udfs import cli
 from mmpack_udfs.io import lock
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HOLD = """
 import sys, time
 from mmpack_udfs.io import lock

@@ -13,7 +13,7 @@ from mmpack_udfs.io import fs
 from mmpack_udfs.pack import shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.validate.stage import bin_problems, check_shard, manifest_problems
-from tests.mmpack_udfs.test_shards import tokenized_rows
+from tests.mmpack_udfs.pack.test_shards import tokenized_rows
 
 BUDGET = 1000
 

@@ -14,7 +14,7 @@ from mmpack_udfs.config import load_config
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
