@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -53,6 +54,7 @@ def load_pipeline(home: Path) -> ModuleType:
     checkout by path: the Airflow environment does not install mmpack."""
     spec = importlib.util.spec_from_file_location("mmpack_stages", home / "mmpack_udfs" / "pipeline.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

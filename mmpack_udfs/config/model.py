@@ -335,13 +335,19 @@ class Qwen2VLVideo(Section):
     max_pixels: PositiveInt = Field(602112, description="largest resized frame (28 × 28 × 768)")
 
 
-class Qwen2VLProfile(Section):
-    """Qwen2-VL: dynamic resolution, (h/28)(w/28) tokens per image."""
+class ProfileSection(Section):
+    """What every profile has; ``kind`` picks the model family (and so the other keys)."""
 
-    kind: Literal["qwen2_vl"] = Field("qwen2_vl", description="which model family the profile describes")
+    kind: str = Field(description="which model family the profile describes")
     default_system: str = Field(
         "You are a helpful assistant.", description="system prompt of samples that have none"
     )
+
+
+class Qwen2VLProfile(ProfileSection):
+    """Qwen2-VL: dynamic resolution, (h/28)(w/28) tokens per image."""
+
+    kind: Literal["qwen2_vl"] = Field("qwen2_vl", description="which model family the profile describes")
     image: Qwen2VLImage = Qwen2VLImage()
     video: Qwen2VLVideo = Qwen2VLVideo()
 
@@ -360,13 +366,10 @@ class InternVLVideo(Section):
     frames: PositiveInt = Field(8, description="frames sampled uniformly per video, one tile each")
 
 
-class InternVLProfile(Section):
+class InternVLProfile(ProfileSection):
     """InternVL: 448 px tiles of 256 tokens, dynamic tiling."""
 
     kind: Literal["internvl"] = Field("internvl", description="which model family the profile describes")
-    default_system: str = Field(
-        "You are a helpful assistant.", description="system prompt of samples that have none"
-    )
     image: InternVLImage = InternVLImage()
     video: InternVLVideo = InternVLVideo()
 

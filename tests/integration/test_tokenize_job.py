@@ -68,7 +68,7 @@ def test_rows_are_consistent(first_run, normalized):
 
 def test_spark_output_equals_the_pure_tokenizer(first_run, normalized):
     config, _ = first_run
-    tokenizer = SampleTokenizer(TokenizeSettings.from_config(config))
+    tokenizer = SampleTokenizer(TokenizeSettings.from_config(config.config))
     samples = {
         s["sample_id"]: s for s in tables.read_arrow(table_uri(str(normalized), "samples")).to_pylist()
     }
