@@ -108,7 +108,7 @@ def render_yaml(config: Config) -> str:
     for name, field in Config.model_fields.items():
         value = getattr(config, name)
         if name == "datasets":
-            out += _comment(field.description or "", "") + ["# Each entry:"]
+            out += [*_comment(field.description or "", ""), "# Each entry:"]
             for entry_key, entry_field in DatasetConfig.model_fields.items():
                 if entry_key != "base_dir":
                     text = f"{entry_key}: {_plain(entry_field.description or '')}"
