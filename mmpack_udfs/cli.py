@@ -63,21 +63,31 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 @contextmanager
 def locked_run(args: argparse.Namespace, stages: Sequence[str]) -> Iterator[RunContext]:
-    """The run context of the command's config, holding its output root's lock."""
+    """The run context of the command's config, checked for ``stages``, holding its output
+    root's lock."""
     ctx = RunContext.of(config_from_args(args))
+    preflight(ctx, stages)
     with lock.output_lock(ctx.output, stages, ctx.storage):
         yield ctx
+
+
+def preflight(ctx: RunContext, stages: Sequence[str]) -> None:
+    """The checks that need files, before Spark starts: the datasets (LLaMA-Factory
+    dataset_info entries) for normalize, the tokenizer against the profile for tokenize."""
+    if "normalize" in stages:
+        from mmpack_udfs.normalize import datasets
+
+        datasets.specs_of(ctx.config.datasets, ctx.storage)
+    if "tokenize" in stages:
+        from mmpack_udfs.tokenize.encoder import TokenizeSettings
+
+        TokenizeSettings.from_config(ctx.config)
 
 
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
     from mmpack_udfs.io.spark import get_spark
 
-    config = config_from_args(args)
-    if "tokenize" in stages:  # a tokenizer that cannot render the profile fails before Spark starts
-        from mmpack_udfs.tokenize.encoder import TokenizeSettings
-
-        TokenizeSettings.from_config(config)
     with locked_run(args, stages) as ctx:  # one writer per root
         spark = get_spark(ctx.config.spark, args.master)
         started = time.time()

@@ -21,6 +21,8 @@ class Reason(StrEnum):
     MEDIA_UNREADABLE = "media_unreadable"
     IMAGE_TOO_LARGE = "image_too_large"
     VIDEO_NO_FRAMES = "video_no_frames"
+    MEDIA_REMOTE = "media_remote"
+    UNSUPPORTED_MODALITY = "unsupported_modality"
     # tokenize stage
     MEDIA_UNSUPPORTED = "media_unsupported"
     TOO_LONG = "too_long"
@@ -41,17 +43,28 @@ DESCRIPTIONS: dict[Reason, str] = {
         "model to answer with nothing"
     ),
     Reason.NON_STRING_CONTENT: "a turn's content or the system prompt is not a string",
-    Reason.MALFORMED_MEDIA_FIELD: "images/videos is not a string or a list of strings",
+    Reason.MALFORMED_MEDIA_FIELD: (
+        "images/videos (or a media part) is not a path, URI, data: URI or image (bytes + path), "
+        "or a list of them"
+    ),
     Reason.PLACEHOLDER_MEDIA_MISMATCH: "the count of <image>/<video> placeholders != media given",
     Reason.MEDIA_PATH_ESCAPE: "a media reference is absolute or leaves the media root (.., links)",
     Reason.MEDIA_MISSING: "a referenced media file does not exist",
     Reason.MEDIA_UNREADABLE: "a media file cannot be opened or decoded (corrupt, wrong format)",
     Reason.IMAGE_TOO_LARGE: "an image has more pixels than normalize.max_image_pixels",
     Reason.VIDEO_NO_FRAMES: "a video opens but none of its first frames decode",
+    Reason.MEDIA_REMOTE: (
+        "a media reference is an http(s)/ftp/... URL: executors are not assumed to reach the network, "
+        "so nothing is downloaded; fetch the media and reference the files"
+    ),
+    Reason.UNSUPPORTED_MODALITY: (
+        "the record holds audio (an audios column, an <audio> placeholder or an audio part) or a "
+        "content part of a kind no profile encodes; dropping it would train on text about media "
+        "the model never sees"
+    ),
     Reason.MEDIA_UNSUPPORTED: (
         "the media cannot be taken faithfully: an aspect ratio or frame count the profile refuses, "
-        "a 16-bit / 32-bit / float image that 8-bit RGB would clip, or a data: URI or URL "
-        "instead of a file under the media root"
+        "or a 16-bit / 32-bit / float image that 8-bit RGB would clip"
     ),
     Reason.TOO_LONG: "more tokens than tokenize.max_tokens under the configured over-length policy",
     Reason.NO_SUPERVISED_TOKENS: "no token is left to train on after loss masking",

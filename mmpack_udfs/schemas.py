@@ -15,6 +15,7 @@ from mmpack_udfs.io import fs
 
 # Turn texts in the samples table mark media with these placeholders, whatever the input used.
 IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER = "<image>", "<video>"
+AUDIO_PLACEHOLDER = "<audio>"  # recognised only to refuse it: no profile encodes audio
 
 TURN = pa.struct([("role", pa.string()), ("text", pa.string())])
 

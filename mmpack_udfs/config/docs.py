@@ -112,6 +112,9 @@ def render_yaml(config: Config) -> str:
             for entry_key, entry_field in DatasetConfig.model_fields.items():
                 if entry_key != "base_dir":
                     text = f"{entry_key}: {_plain(entry_field.description or '')}"
+                    section = entry_field.annotation
+                    if isinstance(section, type) and issubclass(section, BaseModel):
+                        text += f": {', '.join(section.model_fields)}"
                     out += textwrap.wrap(text, WIDTH, initial_indent="#   ", subsequent_indent="#     ")
             entries = [d.model_dump(exclude_unset=True, by_alias=True) for d in value]
             dumped = yaml.safe_dump({"datasets": entries}, sort_keys=False, width=1000) if entries else ""

@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -46,7 +46,12 @@ def checked(data: Mapping[str, Any]) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError("; ".join(_message(e) for e in err.errors())) from None
+        raise ConfigError(describe(err)) from None
+
+
+def describe(err: ValidationError) -> str:
+    """Every error of a validation, each a sentence that starts with its key."""
+    return "; ".join(_message(e) for e in err.errors())
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -132,13 +137,33 @@ def _message(error: Mapping[str, Any]) -> str:
         return error["msg"]
     if kind == "mmpack":
         return f"{key} {error['msg']}, got {value!r}"
+    if kind == "mmpack_here":
+        return f"{key}: {error['msg']}"
     if kind == "missing":
         return f"{_dotted(loc[:-1]) or 'the config'}: '{loc[-1]}' is required"
     if kind == "extra_forbidden":
-        return f"unknown config key '{key}'"
+        valid = _valid_keys(loc[:-1])
+        return f"unknown config key '{key}'" + (f" (valid here: {', '.join(valid)})" if valid else "")
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         return f"{key}.kind must be one of {', '.join(PROFILE_KINDS)} (the profile's model family)"
     return f"{key}: {error['msg']} (got {value!r})"
+
+
+def _valid_keys(loc: list[Any]) -> list[str]:
+    """The keys the model accepts at ``loc`` (a section, a list entry or a map entry)."""
+    model: Any = Config
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return []
+        annotation = model.model_fields[part].annotation
+        if get_origin(annotation) in (list, dict):  # skip the index or the map key
+            annotation, parts = get_args(annotation)[-1], parts[1:]
+        model = annotation
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return []
+    return [n for n, f in model.model_fields.items() if not (f.alias or "").startswith("_")]
 
 
 def _dotted(loc: list[Any]) -> str:

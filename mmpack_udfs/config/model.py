@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
 SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
@@ -171,30 +171,111 @@ class S3Config(Section):
     retries: PositiveInt = Field(5, description="attempts per S3 request (AWS standard retry strategy)")
 
 
+def _tag_value(value: Any) -> str | list[str]:
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return value
+    raise TypeError
+
+
+OptionalKey = Annotated[
+    str | None, _rule("must be a non-empty string (a key of the records)", _optional(_text))
+]
+RoleTag = Annotated[
+    str | list[str] | None, _rule("must be a role tag or a list of role tags", _optional(_tag_value))
+]
+
+
+def _tag(name: str, lf_name: str | None, help_text: str) -> Any:
+    """A tag field; LLaMA-Factory's name for it (``role_tag``, ``user_tag``, ...) is accepted too."""
+    choices = AliasChoices(name, lf_name) if lf_name else None
+    return Field(None, validation_alias=choices, description=help_text)
+
+
+class ColumnsConfig(Section):
+    """Record keys of a dataset, where they differ from its dialect's (null: the dialect's)."""
+
+    messages: OptionalKey = Field(None, description="the turns (sharegpt: conversations, openai: messages)")
+    system: OptionalKey = Field(None, description="the system prompt")
+    images: OptionalKey = Field(
+        None, description="the images: a list (or one) of paths, URIs or inline images"
+    )
+    videos: OptionalKey = Field(None, description="the videos, as images")
+    image: OptionalKey = Field(None, description="a single image")
+    audios: OptionalKey = Field(
+        None, description="audio (no profile encodes it: such records are quarantined)"
+    )
+    prompt: OptionalKey = Field(None, description="alpaca: the instruction")
+    query: OptionalKey = Field(None, description="alpaca: the input, appended to the instruction")
+    response: OptionalKey = Field(None, description="alpaca: the output")
+    history: OptionalKey = Field(None, description="alpaca: earlier [instruction, output] pairs")
+
+
+class TagsConfig(Section):
+    """Role and placeholder tags of a dataset, where they differ from its dialect's."""
+
+    role_key: OptionalKey = _tag("role_key", "role_tag", "the key of a turn's role")
+    content_key: OptionalKey = _tag("content_key", "content_tag", "the key of a turn's content")
+    user: RoleTag = _tag("user", "user_tag", "the user role")
+    assistant: RoleTag = _tag("assistant", "assistant_tag", "the assistant role")
+    system: RoleTag = _tag("system", "system_tag", "the system role")
+    function_call: RoleTag = _tag("function_call", "function_tag", "the function-call role (model side)")
+    observation: RoleTag = _tag("observation", "observation_tag", "the tool-result role (user side)")
+    image_placeholder: OptionalKey = _tag("image_placeholder", None, "the image placeholder (<image>)")
+    video_placeholder: OptionalKey = _tag("video_placeholder", None, "the video placeholder (<video>)")
+    audio_placeholder: OptionalKey = _tag("audio_placeholder", None, "the audio placeholder (<audio>)")
+
+
 class DatasetConfig(Section):
-    """One input dataset."""
+    """One input dataset: files (``paths``), or entries of a LLaMA-Factory ``dataset_info``."""
 
     name: Text = Field(description="dataset name (kept in every row)")
-    paths: Annotated[str | list[str], _rule("must be a path or a non-empty list of paths", _paths)] = Field(
-        description="files, directories or globs (local or s3://), relative to the config file"
-    )
+    paths: Annotated[
+        str | list[str] | None, _rule("must be a path or a non-empty list of paths", _optional(_paths))
+    ] = Field(None, description="files, directories or globs (local or s3://), relative to the config file")
     format: Annotated[str, _choice("auto", "json", "jsonl", "parquet")] = Field(
         "auto", description="auto | json | jsonl | parquet (auto: by file extension)"
     )
-    dialect: Annotated[str, _choice("auto", "sharegpt", "openai")] = Field(
-        "auto", description="auto | sharegpt | openai (auto: per record, by which key is present)"
+    dialect: Annotated[str, _choice("auto", "sharegpt", "openai", "alpaca")] = Field(
+        "auto", description="auto | sharegpt | openai | alpaca (auto: per record, by which key is present)"
     )
-    columns: dict[str, str] = Field(
-        default_factory=dict,
-        description="overrides of the record keys: messages, system, images, videos, image",
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig, description="overrides of the record keys")
+    tags: TagsConfig = Field(
+        default_factory=TagsConfig, description="overrides of the role and placeholder tags"
     )
-    tags: dict[str, Any] = Field(
-        default_factory=dict,
-        description="overrides of the role tags: role_key, content_key, user, assistant, system, "
-        "function_call, observation, image_placeholder, video_placeholder",
+    media_root: OptionalText = Field(
+        None,
+        description="directory or s3:// prefix that media references resolve against (with dataset_info: "
+        "its folder unless given)",
     )
-    media_root: Text = Field(description="directory or s3:// prefix that media references resolve against")
+    dataset_info: OptionalText = Field(
+        None, description="a LLaMA-Factory dataset_info.json (or its folder), instead of paths"
+    )
+    names: Annotated[
+        list[str] | None, _rule("must be a non-empty list of entry names", _optional(_paths))
+    ] = Field(
+        None, description="with dataset_info: the entries to read (each becomes dataset <name>/<entry>)"
+    )
     base_dir: str | None = Field(None, alias="_base_dir")  # set by load_config: where the file was
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetConfig:
+        if self.dataset_info is None:
+            if self.paths is None:
+                raise PydanticCustomError(
+                    "mmpack_here", "'paths' is required (or 'dataset_info' with 'names')"
+                )
+            if self.media_root is None:
+                raise PydanticCustomError("mmpack_here", "'media_root' is required")
+            if self.names is not None:
+                raise PydanticCustomError("mmpack_here", "'names' goes with 'dataset_info'")
+        else:
+            if self.paths is not None:
+                raise PydanticCustomError("mmpack_here", "give 'paths' or 'dataset_info', not both")
+            if self.names is None:
+                raise PydanticCustomError("mmpack_here", "'names' is required with 'dataset_info'")
+        return self
 
 
 class NormalizeConfig(Section):

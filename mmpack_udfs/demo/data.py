@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -97,7 +98,8 @@ def generate(
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
     _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng)
-    _write_json(data / "openai.json", [_to_openai(r) for r in thirds[1]] + bad_records["openai"], rng)
+    openai = [_to_openai(r, form=i % 3) for i, r in enumerate(thirds[1])]
+    _write_json(data / "openai.json", openai + bad_records["openai"], rng)
     _write_parquet(data / "custom.parquet", [_to_custom(r) for r in thirds[2]] + bad_records["custom"])
     config = _write_config(root)
     n_bad = sum(len(v) for v in bad_records.values())
@@ -269,14 +271,34 @@ def _tokenize_edge_records(rng: random.Random, bad: dict) -> list[dict]:
     ]
 
 
-def _to_openai(record: dict) -> dict:
+def _to_openai(record: dict, form: int = 0) -> dict:
+    """OpenAI messages; ``form`` 1: content parts, media from the images/videos lists;
+    2: content parts with each media reference inline (the same sample either way)."""
     roles = {"human": "user", "gpt": "assistant", "system": "system"}
     messages = [{"role": "system", "content": record["system"]}] if record.get("system") else []
-    messages += [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]
+    media = {"image": iter(record.get("images", [])), "video": iter(record.get("videos", []))}
+    for turn in record["conversations"]:
+        text = turn["value"]
+        content = _content_parts(text, media if form == 2 else None) if form else text
+        messages.append({"role": roles[turn["from"]], "content": content})
+    if form == 2:
+        return {"messages": messages}
     out = {"messages": messages, "images": record.get("images", [])}
     if record.get("videos"):
         out["videos"] = record["videos"]
     return out
+
+
+def _content_parts(text: str, media: dict | None) -> list[dict]:
+    """``text`` as content parts: text and media in order (inline references from ``media``)."""
+    parts = []
+    for piece in re.split(r"(<image>|<video>)", text):
+        if piece in ("<image>", "<video>"):
+            kind = piece[1:-1]
+            parts.append({"type": kind, kind: next(media[kind])} if media else {"type": kind})
+        elif piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
 
 
 def _to_custom(record: dict) -> dict:
@@ -329,7 +351,9 @@ def _bad_records(rng: random.Random, images: list[str], videos: list[str], bad: 
         sg([("human", "<video> what happens?"), ok_a], videos=[bad["frameless"]]),
         sg([("human", "<video> what happens?"), ok_a], videos=[bad["empty_video"]]),
         sg([("human", "<video> what happens?"), ok_a], videos=[bad["garbage_video"]]),
-        sg([ok_q, ok_a], images=[{"path": img}]),
+        sg([ok_q, ok_a], images=[{"width": 3}]),
+        sg([ok_q, ok_a], images=["https://example.com/cat.jpg"]),
+        sg([("human", "<audio> What is this sound?"), ok_a], audios=["sounds/glass.wav"]),
         {"conversations": ["just a string"]},
         sg([ok_q, ok_a], images=[img], system=["not", "a", "string"]),
     ]
@@ -339,8 +363,11 @@ def _bad_records(rng: random.Random, images: list[str], videos: list[str], bad: 
         {"messages": [{"role": "assistant", "content": "first"}, {"role": "user", "content": "x"}]},
         {
             "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                {"role": "assistant", "content": "x"},
+                {
+                    "role": "user",
+                    "content": [{"type": "audio", "audio": "a.wav"}, {"type": "text", "text": "hm?"}],
+                },
+                {"role": "assistant", "content": "It is the sound of glass shattering."},
             ]
         },
         {

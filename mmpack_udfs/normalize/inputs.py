@@ -18,14 +18,14 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs
-from mmpack_udfs.normalize.sharegpt import DatasetSpec
+from mmpack_udfs.normalize.sharegpt import BLOB_KEY, DatasetSpec
 
 FORMATS_BY_EXTENSION = {
     ".jsonl": "jsonl",
@@ -53,8 +53,18 @@ RAW = pa.schema(
         ("raw", pa.string()),
         ("error", pa.string()),  # set when the record could not even be decoded
         ("records_read", pa.int64()),  # set on the one summary row per split
+        ("blobs", pa.list_(pa.binary())),  # inline media bytes of the record (Parquet), in marker order
     ]
 )
+
+
+class RawRecord(NamedTuple):
+    """One record as read: its position, its JSON text (or an error) and its inline bytes."""
+
+    position: int
+    raw: str | None
+    error: str | None = None
+    blobs: list[bytes] | None = None
 
 
 class InputError(MmpackError, ValueError):
@@ -155,24 +165,25 @@ def read_split(split: Split, storage: fs.Storage = fs.LOCAL) -> Iterator[dict]:
     """Raw records of one split, then one summary row with ``records_read``."""
     reader = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[split.format]
     count = 0
-    for position, raw, error in reader(split, storage):
+    for record in reader(split, storage):
         count += 1
-        yield _raw(split, position, raw, error)
-    yield {**_raw(split, -1, None, None), "records_read": count}
+        yield _raw(split, record)
+    yield {**_raw(split, RawRecord(-1, None)), "records_read": count}
 
 
-def _raw(split: Split, position: int, raw: str | None, error: str | None) -> dict:
+def _raw(split: Split, record: RawRecord) -> dict:
     return {
         "dataset": split.dataset,
         "source_file": split.uri,
-        "source_position": position,
-        "raw": raw,
-        "error": error,
+        "source_position": record.position,
+        "raw": record.raw,
+        "error": record.error,
         "records_read": None,
+        "blobs": record.blobs,
     }
 
 
-def _read_jsonl(split: Split, storage) -> Iterator[tuple[int, str | None, str | None]]:
+def _read_jsonl(split: Split, storage) -> Iterator[RawRecord]:
     """Lines whose first byte lies in [start, start + length)."""
     with _open(split.uri, storage) as f:
         size = f.size()
@@ -212,33 +223,33 @@ def _skip_line(f) -> int:
         skipped += len(chunk)
 
 
-def _decode_line(position: int, line: bytes) -> tuple[int, str | None, str | None]:
+def _decode_line(position: int, line: bytes) -> RawRecord:
     if position == 0:
         line = line.removeprefix(UTF8_BOM)  # editors on Windows start files with one
     try:
-        return position, line.decode("utf-8").rstrip("\r"), None
+        return RawRecord(position, line.decode("utf-8").rstrip("\r"))
     except UnicodeDecodeError as err:
-        return position, line.decode("utf-8", errors="replace"), f"invalid_json: not UTF-8: {err}"
+        return RawRecord(position, line.decode("utf-8", errors="replace"), f"invalid_json: not UTF-8: {err}")
 
 
-def _read_json(split: Split, storage) -> Iterator[tuple[int, str | None, str | None]]:
+def _read_json(split: Split, storage) -> Iterator[RawRecord]:
     """Elements of a top-level JSON array; an invalid file is one invalid_json record."""
     data = storage.read_bytes(split.uri)
     try:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as err:
-        yield 0, data.decode("utf-8", errors="replace"), f"invalid_json: {err}"
+        yield RawRecord(0, data.decode("utf-8", errors="replace"), f"invalid_json: {err}")
         return
     except RecursionError:
-        yield 0, data.decode("utf-8", errors="replace"), "invalid_json: nested too deeply to parse"
+        yield RawRecord(0, data.decode("utf-8", errors="replace"), "invalid_json: nested too deeply to parse")
         return
     items = document if isinstance(document, list) else [document]
     for index, item in enumerate(items):
-        yield index, json.dumps(item, ensure_ascii=False), None
+        yield RawRecord(index, json.dumps(item, ensure_ascii=False))
 
 
-def _read_parquet(split: Split, storage) -> Iterator[tuple[int, str | None, str | None]]:
-    """Rows of one row group, as JSON text (bytes and timestamps rendered as strings)."""
+def _read_parquet(split: Split, storage) -> Iterator[RawRecord]:
+    """Rows of one row group, as JSON text with their bytes set aside (``_set_aside``)."""
     with _open(split.uri, storage) as f:
         parquet = pq.ParquetFile(f)
         if parquet.num_row_groups == 0:
@@ -246,18 +257,29 @@ def _read_parquet(split: Split, storage) -> Iterator[tuple[int, str | None, str 
         offset = sum(parquet.metadata.row_group(g).num_rows for g in range(split.start))
         rows = parquet.read_row_group(split.start).to_pylist()
     for index, row in enumerate(rows):
-        yield offset + index, json.dumps(row, ensure_ascii=False, default=_json_value), None
+        blobs: list[bytes] = []
+        text = json.dumps(_set_aside(row, blobs), ensure_ascii=False, default=str)
+        yield RawRecord(offset + index, text, None, blobs or None)
 
 
-def _json_value(value: Any) -> Any:
-    """Parquet values JSON has no type for. Binary: its text when it is UTF-8, else a marker
-    object (never the Python repr "b'...'", which would pass as text); others as strings."""
+def _set_aside(value: Any, blobs: list[bytes], key: str = "") -> Any:
+    """``value`` with its bytes made JSON: UTF-8 text stays text (binary columns holding
+    strings), anything else (image bytes, and every ``bytes`` of a Hugging Face ``Image``
+    struct) goes to ``blobs`` and leaves ``{BLOB_KEY: index}`` in its place."""
+    if isinstance(value, dict):
+        return {k: _set_aside(v, blobs, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_set_aside(v, blobs) for v in value]
     if isinstance(value, bytes | bytearray | memoryview):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return {"binary_bytes": len(value)}
-    return str(value)
+        data = bytes(value)
+        if key != "bytes":
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        blobs.append(data)
+        return {BLOB_KEY: len(blobs) - 1}
+    return value
 
 
 def read_splits_batches(

@@ -9,12 +9,15 @@ and fps and to decode their first frames.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import io
 import os
 import posixpath
 import re
 import tempfile
+import urllib.parse
 import warnings
 from dataclasses import dataclass
 
@@ -66,15 +69,35 @@ class MediaInfo:
         }
 
 
+def is_data_uri(reference: str) -> bool:
+    return reference[:5].lower() == "data:"
+
+
+def data_uri_bytes(reference: str) -> bytes:
+    """The bytes of a ``data:[<type>][;base64],<data>`` URI; Rejected(media_unreadable) if it
+    does not decode."""
+    header, sep, payload = reference.partition(",")
+    try:
+        if not sep:
+            raise ValueError("no ',' before the data")
+        if header.lower().endswith(";base64"):
+            return base64.b64decode(payload, validate=True)
+        return urllib.parse.unquote_to_bytes(payload)
+    except (ValueError, binascii.Error) as err:
+        raise Rejected(
+            Reason.MEDIA_UNREADABLE, f"{reference[:40]!r}...: not a valid data: URI ({err})"
+        ) from err
+
+
 def resolve(reference: str, media_root: str) -> str:
-    """The URI of ``reference`` under ``media_root``; Rejected if it would leave the root."""
+    """The URI of ``reference`` under ``media_root``; Rejected if it would leave the root, or
+    if it is a URL (nothing is downloaded)."""
     ref = reference.replace("\\", "/")
     scheme = ref.split(":", 1)[0].lower() if ":" in ref else ""
-    if scheme == "data" or scheme in REMOTE_SCHEMES:
-        what = "inline data: URIs are" if scheme == "data" else f"{scheme}:// URLs are"
+    if scheme in REMOTE_SCHEMES:
         raise Rejected(
-            Reason.MEDIA_UNSUPPORTED,
-            f"{reference[:60]!r}: {what} not read; store the media as a file under the media root",
+            Reason.MEDIA_REMOTE,
+            f"{reference[:80]!r}: {scheme}:// media are not downloaded; fetch them and reference the files",
         )
     if not ref or ref.startswith("/") or "://" in ref or (len(ref) > 1 and ref[1] == ":"):
         raise Rejected(Reason.MEDIA_PATH_ESCAPE, f"{reference!r} is not a relative path")
@@ -119,6 +142,33 @@ def probe(kind: str, uri: str, settings: ProbeSettings, storage: fs.Storage = fs
     if kind == "image":
         return probe_image(uri, storage.read_bytes(uri), settings)
     return probe_video(uri, info.size, settings, storage)
+
+
+IMAGE_SUFFIXES = {
+    "JPEG": ".jpg",
+    "PNG": ".png",
+    "GIF": ".gif",
+    "WEBP": ".webp",
+    "BMP": ".bmp",
+    "TIFF": ".tif",
+}
+
+
+def probe_data(
+    kind: str, data: bytes, name: str, label: str, settings: ProbeSettings
+) -> tuple[MediaInfo, str]:
+    """Probe inline bytes exactly like a file (the same checks and reasons); the MediaInfo
+    (``uri``: ``label``) and the file suffix the bytes should be kept under."""
+    suffix = os.path.splitext(name)[1].lower()
+    if kind == "image":
+        info = probe_image(label, data, settings)
+        with Image.open(io.BytesIO(data)) as image:
+            return info, IMAGE_SUFFIXES.get(image.format or "", suffix or ".img")
+    suffix = suffix or ".mp4"
+    with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
+        tmp.write(data)
+        tmp.flush()
+        return _probe_video_file(label, tmp.name, len(data), settings), suffix
 
 
 def _stable(err: Exception) -> str:

@@ -6,10 +6,12 @@ turns every raw record into exactly one output row; nothing is dropped here.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +19,7 @@ import pyarrow as pa
 
 from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import media
-from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record, sample_id
+from mmpack_udfs.normalize.sharegpt import Blob, DatasetSpec, MediaRef, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
 
@@ -30,18 +32,19 @@ LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 @dataclass(frozen=True)
 class NormalizeSettings:
     probe: media.ProbeSettings
+    media_dir: str = ""  # where inline media (bytes in the input, data: URIs) are written
     max_raw_chars: int = 1 << 20
     probe_cache_size: int = 4096
 
     @classmethod
-    def from_config(cls, section: NormalizeConfig) -> NormalizeSettings:
+    def from_config(cls, section: NormalizeConfig, media_dir: str) -> NormalizeSettings:
         """What the executors need of the (checked) ``normalize`` section."""
         probe = media.ProbeSettings(
             max_image_pixels=section.max_image_pixels,
             decode_images=section.decode_images,
             video_check_frames=section.video_check_frames,
         )
-        return cls(probe=probe, max_raw_chars=section.max_raw_chars)
+        return cls(probe=probe, media_dir=media_dir, max_raw_chars=section.max_raw_chars)
 
 
 class RecordNormalizer:
@@ -57,6 +60,7 @@ class RecordNormalizer:
         self.settings = settings
         self.storage = storage
         self._probed: OrderedDict[tuple[str, str], media.MediaInfo | Rejected] = OrderedDict()
+        self._written: set[str] = set()  # inline media files this worker has put in place
 
     def __call__(self, raw: Mapping) -> dict:
         """The output row for one raw record (see ``schemas.NORMALIZED``)."""
@@ -77,22 +81,56 @@ class RecordNormalizer:
         record = parse_json(raw["raw"])
         spec = self.specs[raw["dataset"]]
         conversation = parse_record(record, spec)
-        uris = [media.resolve(ref, spec.media_root) for _, ref in conversation.media]
-        infos = [self._probe(kind, uri) for (kind, _), uri in zip(conversation.media, uris, strict=True)]
+        found = [self._media(kind, ref, spec, raw.get("blobs") or []) for kind, ref in conversation.media]
+        identities, infos = [identity for identity, _ in found], [info for _, info in found]
         return {
             **_base(raw),
             "kind": ROW_KIND_SAMPLE,
-            "sample_id": sample_id(conversation, uris),
+            "sample_id": sample_id(conversation, identities),
             "system": conversation.system,
             "turns": [{"role": r, "text": t} for r, t in conversation.turns],
             "media": [info.as_row() for info in infos],
         }
 
-    def _probe(self, kind: str, uri: str) -> media.MediaInfo:
-        key = (kind, uri)
+    def _media(
+        self, kind: str, ref: MediaRef, spec: DatasetSpec, blobs: list[bytes]
+    ) -> tuple[str, media.MediaInfo]:
+        """(identity for the sample id, probed media) of one reference: a file under the
+        dataset's media root (identity: its URI), or inline bytes (identity: their sha256)."""
+        if isinstance(ref, Blob):
+            if ref.index >= len(blobs):
+                raise Rejected(Reason.MALFORMED_MEDIA_FIELD, f"inline {kind} #{ref.index} has no bytes")
+            return self._inline(kind, blobs[ref.index], ref.name)
+        if media.is_data_uri(ref):
+            return self._inline(kind, media.data_uri_bytes(ref), "")
+        uri = media.resolve(ref, spec.media_root)
+        return uri, self._cached(
+            (kind, uri), lambda: media.probe(kind, uri, self.settings.probe, self.storage)
+        )
+
+    def _inline(self, kind: str, data: bytes, name: str) -> tuple[str, media.MediaInfo]:
+        """Probe inline bytes like a file, then keep them as a content-addressed file under
+        ``OUT/media`` (written once, atomically), which the sample references."""
+        digest = hashlib.sha256(data).hexdigest()
+
+        def probe() -> media.MediaInfo:
+            info, suffix = media.probe_data(
+                kind, data, name, f"inline {kind} sha256:{digest[:16]}", self.settings.probe
+            )
+            uri = fs.join(self.settings.media_dir, digest[:2], digest + suffix)
+            if uri not in self._written:
+                if not self.storage.exists(uri):
+                    self.storage.write_bytes(uri, data)
+                self._written.add(uri)
+            return dataclasses.replace(info, uri=uri)
+
+        return f"sha256:{digest}", self._cached((kind, f"sha256:{digest}"), probe)
+
+    def _cached(self, key: tuple[str, str], probe: Callable[[], media.MediaInfo]) -> media.MediaInfo:
+        """The probe result of ``key`` (a media item), probing it at most once while cached."""
         if key not in self._probed:
             try:
-                self._probed[key] = media.probe(kind, uri, self.settings.probe, self.storage)
+                self._probed[key] = probe()
             except Rejected as rejected:
                 self._probed[key] = rejected
             if len(self._probed) > self.settings.probe_cache_size:

@@ -1,35 +1,43 @@
-"""ShareGPT records → validated conversations. Pure Python, no Spark, no I/O.
+"""Conversation records → validated conversations. Pure Python, no Spark, no I/O.
 
-Two dialects are built in, and a dataset may rename any key or role tag:
+Three dialects are built in, and a dataset may rename any key or role tag:
 
 - ``sharegpt``: ``conversations: [{from: human|gpt|system|function_call|observation, value}]``
 - ``openai``:   ``messages: [{role: user|assistant|system|function_call|tool, content}]``
+- ``alpaca``:   ``instruction`` (+ ``input``), ``output``, ``system``, ``history: [[q, a], ...]``
 
-Both take media as ``images``/``videos`` lists (or one string), or a single ``image``.
-Roles are normalized to ``system``, ``user``, ``assistant``, ``function_call`` (model
-side) and ``tool`` (observation, user side).
+A turn's content is a string with ``<image>``/``<video>`` placeholders, or a list of
+content parts (text, image, video; media in part order). Media come as ``images``/``videos``
+lists (or one item), or a single ``image``: paths, URIs, ``data:`` URIs or inline bytes
+(Hugging Face ``Image`` structs, binary columns). Roles are normalized to ``system``,
+``user``, ``assistant``, ``function_call`` (model side) and ``tool`` (observation, user side).
+Audio (an ``audios`` column, ``<audio>`` placeholders, audio parts) is refused: no profile
+encodes it, and dropping it would train answers about sounds the model never heard.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
-
-if TYPE_CHECKING:
-    from mmpack_udfs.config.model import DatasetConfig
+from mmpack_udfs.schemas import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 USER_SIDE = frozenset({"user", "tool"})
 MODEL_SIDE = frozenset({"assistant", "function_call"})
 
-COLUMN_DEFAULTS = {"system": "system", "images": "images", "videos": "videos", "image": "image"}
+COLUMN_DEFAULTS = {
+    "system": "system",
+    "images": "images",
+    "videos": "videos",
+    "image": "image",
+    "audios": "audios",
+}
+ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "history": "history"}
 DIALECTS: dict[str, dict[str, dict[str, Any]]] = {
     "sharegpt": {
         "columns": {"messages": "conversations", **COLUMN_DEFAULTS},
@@ -56,10 +64,16 @@ DIALECTS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
 }
+DIALECTS["alpaca"] = {
+    "columns": {**DIALECTS["sharegpt"]["columns"], **ALPACA_COLUMNS},
+    "tags": DIALECTS["sharegpt"]["tags"],
+}
 PLACEHOLDER_DEFAULTS = {
     "image_placeholder": IMAGE_PLACEHOLDER,
     "video_placeholder": VIDEO_PLACEHOLDER,
+    "audio_placeholder": AUDIO_PLACEHOLDER,
 }
+BLOB_KEY = "$mmpack_blob"  # inputs.py puts inline bytes aside and leaves {BLOB_KEY: index}
 CANONICAL_ROLE = {"observation": "tool"}
 
 
@@ -73,11 +87,25 @@ class KeyMap:
     roles: dict[str, str]  # tag value in the data → canonical role
     image_placeholder: str
     video_placeholder: str
+    audio_placeholder: str
+
+
+@dataclass(frozen=True)
+class Blob:
+    """Inline media bytes of a record: ``blobs[index]`` of its raw row; ``name`` a file name
+    the data came with (a Hugging Face ``Image``'s ``path``), for its extension."""
+
+    index: int
+    name: str = ""
+
+
+MediaRef = str | Blob  # a path or URI (also data: and http URLs, refused later), or inline bytes
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One input dataset as configured: where it is, how to read it, how to map it."""
+    """One input dataset: where it is, how to read it, how to map it (``datasets.specs_of``
+    builds them from the config)."""
 
     name: str
     paths: tuple[str, ...]
@@ -86,21 +114,6 @@ class DatasetSpec:
     dialect: str = "auto"
     columns: tuple[tuple[str, str], ...] = ()
     tags: tuple[tuple[str, Any], ...] = ()
-
-    @classmethod
-    def from_config(cls, entry: DatasetConfig) -> DatasetSpec:
-        """The spec of one ``datasets`` entry, its paths resolved against the config's folder."""
-        base = entry.base_dir or os.getcwd()
-        paths = entry.paths if isinstance(entry.paths, list) else [entry.paths]
-        return cls(
-            name=entry.name,
-            paths=tuple(_resolve(p, base) for p in paths),
-            media_root=_resolve(entry.media_root, base),
-            format=entry.format,
-            dialect=entry.dialect,
-            columns=tuple(sorted(entry.columns.items())),
-            tags=tuple(sorted((k, _hashable(v)) for k, v in entry.tags.items())),
-        )
 
     def mapping(self, dialect: str) -> KeyMap:
         return _key_map(self, dialect)
@@ -123,17 +136,8 @@ def _key_map(spec: DatasetSpec, dialect: str) -> KeyMap:
         roles=roles,
         image_placeholder=tags["image_placeholder"],
         video_placeholder=tags["video_placeholder"],
+        audio_placeholder=tags["audio_placeholder"],
     )
-
-
-def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _resolve(path: str, base: str) -> str:
-    if path.startswith("s3://") or os.path.isabs(path):
-        return path
-    return os.path.normpath(os.path.join(base, path))
 
 
 @dataclass
@@ -142,16 +146,19 @@ class Conversation:
 
     system: str | None
     turns: list[tuple[str, str]]
-    media: list[tuple[str, str]] = field(default_factory=list)  # (kind, reference)
+    media: list[tuple[str, MediaRef]] = field(default_factory=list)  # (kind, reference)
 
 
 def detect_dialect(record: Mapping[str, Any], spec: DatasetSpec) -> str:
-    """The configured dialect, or for ``auto`` the one whose messages key the record has."""
+    """The configured dialect, or for ``auto`` the one whose messages (or, alpaca, instruction)
+    key the record has."""
     if spec.dialect != "auto":
         return spec.dialect
     for dialect in ("sharegpt", "openai"):
         if spec.mapping(dialect).columns["messages"] in record:
             return dialect
+    if spec.mapping("alpaca").columns["prompt"] in record:
+        return "alpaca"
     return "sharegpt"
 
 
@@ -160,56 +167,188 @@ def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
     if not isinstance(record, dict):
         raise Rejected(Reason.MALFORMED_RECORD, f"expected an object, got {type(record).__name__}")
     mapping = spec.mapping(detect_dialect(record, spec))
-    system, turns = _turns(record, mapping)
+    _refuse_audio_column(record, mapping)
+    messages = (
+        _alpaca_messages(record, mapping) if "prompt" in mapping.columns else _messages(record, mapping)
+    )
+    system, turns, slots = _turns(record, messages, mapping)
     _check_order(turns)
     images = _media_list(record, mapping.columns["images"]) + _media_list(record, mapping.columns["image"])
     videos = _media_list(record, mapping.columns["videos"])
-    media = _match_placeholders(turns, images, videos, mapping)
-    return Conversation(system=system, turns=_canonical_placeholders(turns, mapping), media=media)
+    return Conversation(system=system, turns=turns, media=_fill_slots(slots, images, videos))
 
 
-def _canonical_placeholders(turns: list[tuple[str, str]], m: KeyMap) -> list[tuple[str, str]]:
-    """Rewrite a dataset's own placeholders as ``<image>`` / ``<video>``."""
-    if (m.image_placeholder, m.video_placeholder) == (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER):
-        return turns
-    return [
-        (
-            role,
-            text.replace(m.image_placeholder, IMAGE_PLACEHOLDER).replace(
-                m.video_placeholder, VIDEO_PLACEHOLDER
-            ),
+def _refuse_audio_column(record: Mapping[str, Any], m: KeyMap) -> None:
+    audio = record.get(m.columns["audios"])
+    if audio not in (None, [], ""):
+        raise Rejected(
+            Reason.UNSUPPORTED_MODALITY, f"'{m.columns['audios']}': audio, which no profile encodes"
         )
-        for role, text in turns
-    ]
 
 
-def _turns(record: Mapping[str, Any], m: KeyMap) -> tuple[str | None, list[tuple[str, str]]]:
+def _messages(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, Any]]:
+    """(role tag, content) of each turn of a sharegpt / openai record."""
     messages = record.get(m.columns["messages"])
     if messages is None or (isinstance(messages, list) and not messages):
         raise Rejected(Reason.MISSING_CONVERSATION, f"no '{m.columns['messages']}' turns")
     if not isinstance(messages, list):
         raise Rejected(Reason.MALFORMED_TURN, f"'{m.columns['messages']}' is not a list")
-    turns: list[tuple[str, str]] = []
+    out = []
     for i, turn in enumerate(messages):
         if not isinstance(turn, dict) or m.role_key not in turn or m.content_key not in turn:
             raise Rejected(Reason.MALFORMED_TURN, f"turn {i} lacks '{m.role_key}' or '{m.content_key}'")
-        tag, content = turn[m.role_key], turn[m.content_key]
+        out.append((turn[m.role_key], turn[m.content_key]))
+    return out
+
+
+def _alpaca_messages(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, Any]]:
+    """An alpaca record as turns, the way LLaMA-Factory reads it: each ``history`` pair, then
+    the instruction and the input joined by a newline, then the output."""
+    user, assistant = _first_tag(m, "user"), _first_tag(m, "assistant")
+    turns: list[tuple[Any, Any]] = []
+    history = record.get(m.columns["history"])
+    if history is not None:
+        if not isinstance(history, list) or not all(isinstance(h, list) and len(h) == 2 for h in history):
+            raise Rejected(
+                Reason.MALFORMED_TURN, f"'{m.columns['history']}' is not a list of [prompt, response]"
+            )
+        for old_prompt, old_response in history:
+            turns += [(user, old_prompt), (assistant, old_response)]
+    prompt = [record.get(m.columns[key]) for key in ("prompt", "query")]
+    if not any(prompt) and record.get(m.columns["response"]) in (None, ""):
+        raise Rejected(
+            Reason.MISSING_CONVERSATION, f"no '{m.columns['prompt']}' or '{m.columns['response']}'"
+        )
+    for value in prompt:
+        if value is not None and not isinstance(value, str):
+            raise Rejected(Reason.NON_STRING_CONTENT, f"alpaca prompt is {type(value).__name__}")
+    turns.append((user, "\n".join(p for p in prompt if p)))
+    turns.append((assistant, record.get(m.columns["response"])))
+    return turns
+
+
+def _first_tag(m: KeyMap, role: str) -> str:
+    return next(tag for tag, canonical in m.roles.items() if canonical == role)
+
+
+Slot = tuple[str, MediaRef | None]  # a media position in the text: its kind, its inline reference
+
+
+def _turns(
+    record: Mapping[str, Any], messages: list[tuple[Any, Any]], m: KeyMap
+) -> tuple[str | None, list[tuple[str, str]], list[Slot]]:
+    """The system prompt, the turns (texts with canonical placeholders) and the media slots in
+    order (inline references from content parts; None where a placeholder takes the next item
+    of the media columns)."""
+    turns: list[tuple[str, str]] = []
+    slots: list[Slot] = []
+    for i, (tag, content) in enumerate(messages):
         role = m.roles.get(tag) if isinstance(tag, str) else None
         if role is None:
             raise Rejected(Reason.UNKNOWN_ROLE, f"turn {i} has role {tag!r}")
-        if not isinstance(content, str):
-            raise Rejected(Reason.NON_STRING_CONTENT, f"turn {i} content is {type(content).__name__}")
-        turns.append((role, content))
+        text, turn_slots = _content(content, m, f"turn {i}")
+        turns.append((role, text))
+        slots += turn_slots
     system = record.get(m.columns["system"])
     if system is not None and not isinstance(system, str):
         raise Rejected(Reason.NON_STRING_CONTENT, f"system prompt is {type(system).__name__}")
     if turns[0][0] == "system":
         if system:
             raise Rejected(Reason.BROKEN_TURN_ORDER, "system prompt given both as key and turn")
-        system, turns = turns[0][1], turns[1:]
+        in_system = len(_content(messages[0][1], m, "turn 0")[1])
+        if any(ref is not None for _, ref in slots[:in_system]):
+            raise Rejected(Reason.PLACEHOLDER_MEDIA_MISMATCH, "an image or video part in the system prompt")
+        system, turns, slots = turns[0][1], turns[1:], slots[in_system:]
     if not turns:
         raise Rejected(Reason.MISSING_CONVERSATION, "only a system prompt, no turns")
-    return (system or None), turns
+    return (system or None), turns, slots
+
+
+def _content(content: Any, m: KeyMap, where: str) -> tuple[str, list[Slot]]:
+    """A turn's text with canonical placeholders, and its media slots in order."""
+    if isinstance(content, str):
+        text = _canonical(content, m)
+        return text, [(kind, None) for kind in _placeholders_in(text)]
+    if not isinstance(content, list):
+        raise Rejected(Reason.NON_STRING_CONTENT, f"{where} content is {type(content).__name__}")
+    texts: list[str] = []
+    slots: list[Slot] = []
+    for k, part in enumerate(content):
+        kind, value = _part(part, f"{where} part {k}")
+        if kind == "text":
+            text = _canonical(value, m)
+            texts.append(text)
+            slots += [(found, None) for found in _placeholders_in(text)]
+        else:
+            texts.append(IMAGE_PLACEHOLDER if kind == "image" else VIDEO_PLACEHOLDER)
+            slots.append((kind, value))
+    return "".join(texts), slots  # text parts join as chat templates render them: back to back
+
+
+TEXT_KEYS = ("text", "value", "content")
+MEDIA_PART_KEYS = {  # part type → (media kind, the keys that may hold the reference)
+    "image": ("image", ("image", "url", "path", "value")),
+    "image_url": ("image", ("image_url", "url", "value")),
+    "video": ("video", ("video", "url", "path", "value")),
+    "video_url": ("video", ("video_url", "url", "value")),
+}
+AUDIO_PARTS = {"audio", "audio_url", "input_audio"}
+
+
+def _part(part: Any, where: str) -> tuple[str, Any]:
+    """("text", text) or (media kind, reference or None) for one content part."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        what = type(part).__name__
+        raise Rejected(Reason.NON_STRING_CONTENT, f"{where} is a {what}, not a content part with a 'type'")
+    kind = part["type"]
+    if kind == "text":
+        text = next((part[k] for k in TEXT_KEYS if k in part), None)
+        if not isinstance(text, str):
+            raise Rejected(Reason.NON_STRING_CONTENT, f"{where}: a text part without a text string")
+        return "text", text
+    if kind in MEDIA_PART_KEYS:
+        media_kind, keys = MEDIA_PART_KEYS[kind]
+        value = next((part[k] for k in keys if part.get(k) is not None), None)
+        if isinstance(value, dict) and "url" in value and not _is_image_struct(value):
+            value = value["url"]  # {"type": "image_url", "image_url": {"url": ...}}
+        return media_kind, None if value is None else _reference(value, where)
+    if kind in AUDIO_PARTS:
+        raise Rejected(Reason.UNSUPPORTED_MODALITY, f"{where}: an {kind} part; no profile encodes audio")
+    raise Rejected(Reason.UNSUPPORTED_MODALITY, f"{where}: a content part of type {kind!r}")
+
+
+def _is_image_struct(value: Mapping[str, Any]) -> bool:
+    return "bytes" in value or "path" in value
+
+
+def _reference(value: Any, where: str) -> MediaRef:
+    """One media item as a reference: a path/URI string, or inline bytes (a blob marker, or a
+    Hugging Face ``Image`` / ``Video`` struct of ``bytes`` and ``path``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get(BLOB_KEY), int):
+        return Blob(value[BLOB_KEY])
+    if isinstance(value, dict) and _is_image_struct(value):
+        data, path = value.get("bytes"), value.get("path")
+        if isinstance(data, dict) and isinstance(data.get(BLOB_KEY), int):
+            return Blob(data[BLOB_KEY], path if isinstance(path, str) else "")
+        if data is None and isinstance(path, str) and path:
+            return path
+    raise Rejected(Reason.MALFORMED_MEDIA_FIELD, f"{where}: a media item that is not a path, URI or image")
+
+
+def _canonical(text: str, m: KeyMap) -> str:
+    """``text`` with the dataset's own placeholders as ``<image>`` / ``<video>``; Rejected
+    if it holds an audio placeholder."""
+    if m.audio_placeholder in text:
+        raise Rejected(
+            Reason.UNSUPPORTED_MODALITY, f"an {m.audio_placeholder} placeholder; no profile encodes audio"
+        )
+    if m.image_placeholder != IMAGE_PLACEHOLDER:
+        text = text.replace(m.image_placeholder, IMAGE_PLACEHOLDER)
+    if m.video_placeholder != VIDEO_PLACEHOLDER:
+        text = text.replace(m.video_placeholder, VIDEO_PLACEHOLDER)
+    return text
 
 
 def _check_order(turns: list[tuple[str, str]]) -> None:
@@ -227,51 +366,54 @@ def _check_order(turns: list[tuple[str, str]]) -> None:
             raise Rejected(Reason.EMPTY_ASSISTANT_TURN, f"turn {i} ({role}) is empty or only whitespace")
 
 
-def _media_list(record: Mapping[str, Any], key: str) -> list[str]:
+def _media_list(record: Mapping[str, Any], key: str) -> list[MediaRef]:
     value = record.get(key)
     if value is None:
         return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise Rejected(Reason.MALFORMED_MEDIA_FIELD, f"'{key}' is not a string or list of strings")
+    items = value if isinstance(value, list) else [value]
+    try:
+        return [_reference(item, f"'{key}'") for item in items]
+    except Rejected:
+        raise Rejected(
+            Reason.MALFORMED_MEDIA_FIELD, f"'{key}' is not a path, an image, or a list of them"
+        ) from None
 
 
-def _match_placeholders(
-    turns: list[tuple[str, str]], images: list[str], videos: list[str], m: KeyMap
-) -> list[tuple[str, str]]:
-    """Media in the order their placeholders appear across the turns."""
-    found: list[str] = []
-    for _, text in turns:
-        found += _placeholders_in(text, m.image_placeholder, m.video_placeholder)
-    n_img, n_vid = found.count("image"), found.count("video")
-    if n_img != len(images) or n_vid != len(videos):
+def _fill_slots(
+    slots: list[Slot], images: list[MediaRef], videos: list[MediaRef]
+) -> list[tuple[str, MediaRef]]:
+    """Media in slot order: inline references as given, the rest from the media columns."""
+    open_images = sum(1 for kind, ref in slots if kind == "image" and ref is None)
+    open_videos = sum(1 for kind, ref in slots if kind == "video" and ref is None)
+    if open_images != len(images) or open_videos != len(videos):
         raise Rejected(
             Reason.PLACEHOLDER_MEDIA_MISMATCH,
-            f"{n_img} image / {n_vid} video placeholders for {len(images)} images / {len(videos)} videos",
+            f"{open_images} image / {open_videos} video placeholders for {len(images)} images / "
+            f"{len(videos)} videos",
         )
     queues = {"image": iter(images), "video": iter(videos)}
-    return [(kind, next(queues[kind])) for kind in found]
+    return [(kind, ref if ref is not None else next(queues[kind])) for kind, ref in slots]
 
 
-def _placeholders_in(text: str, image_tag: str, video_tag: str) -> list[str]:
+def _placeholders_in(text: str) -> list[str]:
+    """The kinds of the canonical placeholders in ``text``, in order."""
     out: list[str] = []
     pos = 0
     while True:
-        i, v = text.find(image_tag, pos), text.find(video_tag, pos)
+        i, v = text.find(IMAGE_PLACEHOLDER, pos), text.find(VIDEO_PLACEHOLDER, pos)
         if i < 0 and v < 0:
             return out
         if v < 0 or (0 <= i < v):
             out.append("image")
-            pos = i + len(image_tag)
+            pos = i + len(IMAGE_PLACEHOLDER)
         else:
             out.append("video")
-            pos = v + len(video_tag)
+            pos = v + len(VIDEO_PLACEHOLDER)
 
 
 def sample_id(conversation: Conversation, media_uris: list[str]) -> str:
-    """Content hash: the same conversation with the same media always gets the same id."""
+    """Content hash: the same conversation with the same media always gets the same id.
+    ``media_uris``: each item's identity, its resolved URI, or ``sha256:<hex>`` of inline bytes."""
     canonical = json.dumps(
         {
             "system": conversation.system,

@@ -17,11 +17,10 @@ from typing import Any
 from mmpack_udfs import schemas
 from mmpack_udfs.config import Config, ConfigError, config_hash
 from mmpack_udfs.errors import ReconciliationError
-from mmpack_udfs.io import runs, tables
+from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
-from mmpack_udfs.normalize import inputs, records
-from mmpack_udfs.normalize.sharegpt import DatasetSpec
+from mmpack_udfs.normalize import datasets, inputs, records
 
 REPORT_NAME = "normalize.json"
 
@@ -38,7 +37,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     config, storage = ctx.config, ctx.storage
     if not config.datasets:
         raise ConfigError("no datasets configured: add a 'datasets' list to the config")
-    specs = {d.name: DatasetSpec.from_config(d) for d in config.datasets}
+    specs = datasets.specs_of(config.datasets, storage)
     files = inputs.list_inputs(list(specs.values()), storage)
     run_id = ctx.run_id or derive_run_id(config, files)
     samples_uri, quarantine_uri = ctx.table("samples"), ctx.table("quarantine")
@@ -49,7 +48,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         print(format_summary(previous))
         return previous
 
-    settings = records.NormalizeSettings.from_config(config.normalize)
+    settings = records.NormalizeSettings.from_config(config.normalize, fs.join(ctx.output, "media"))
     splits = inputs.plan_splits(files, config.normalize.split_bytes)
     normalized = _normalized_rows(spark, splits, specs, settings, storage)
     unique = _unique_samples(spark, normalized, samples_uri, ctx.mode, storage)

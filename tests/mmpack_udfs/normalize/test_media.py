@@ -178,17 +178,25 @@ def test_a_truncated_video_is_planned_from_the_frames_that_decode(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("ref", "reason", "says"),
+    ("ref", "says"),
     [
-        ("data:image/png;base64,iVBORw0KGgo=", Reason.MEDIA_UNSUPPORTED, "inline data: URIs"),
-        ("https://example.invalid/cat.jpg", Reason.MEDIA_UNSUPPORTED, "https:// URLs"),
-        ("HTTP://example.invalid/cat.jpg", Reason.MEDIA_UNSUPPORTED, "http:// URLs"),
+        ("https://example.invalid/cat.jpg", "https:// media are not downloaded"),
+        ("HTTP://example.invalid/cat.jpg", "http:// media are not downloaded"),
+        ("ftp://example.invalid/cat.jpg", "ftp:// media are not downloaded"),
     ],
 )
-def test_data_uris_and_urls_say_what_they_are(ref, reason, says, tmp_path):
+def test_urls_are_refused_not_fetched(ref, says, tmp_path):
     with pytest.raises(Rejected) as rejected:
         media.resolve(ref, str(tmp_path))
-    assert rejected.value.reason == reason and says in rejected.value.detail
+    assert rejected.value.reason == Reason.MEDIA_REMOTE and says in rejected.value.detail
+
+
+def test_data_uris_decode_and_bad_ones_are_unreadable():
+    assert media.data_uri_bytes("data:image/png;base64,aGVsbG8=") == b"hello"
+    assert media.data_uri_bytes("data:text/plain,a%20b") == b"a b"
+    with pytest.raises(Rejected) as rejected:
+        media.data_uri_bytes("data:image/png;base64,@@not base64@@")
+    assert rejected.value.reason == Reason.MEDIA_UNREADABLE
 
 
 def test_symlink_loops_and_dangling_links_are_unreadable_not_missing(tmp_path):

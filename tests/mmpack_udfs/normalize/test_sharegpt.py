@@ -1,6 +1,7 @@
 import pytest
 
 from mmpack_udfs.config.model import DatasetConfig
+from mmpack_udfs.normalize.datasets import specs_of
 from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 
@@ -92,7 +93,7 @@ def test_custom_columns_and_tags_with_single_image_string():
         (sg(("human", "hi"), ("gpt", None)), Reason.NON_STRING_CONTENT),
         (sg(("human", "hi"), ("gpt", "x"), system=7), Reason.NON_STRING_CONTENT),
         (
-            sg(("human", "<image>"), ("gpt", "x"), images=[{"path": "a"}]),
+            sg(("human", "<image>"), ("gpt", "x"), images=[{"size": 3}]),
             Reason.MALFORMED_MEDIA_FIELD,
         ),
         (sg(("human", "<image>"), ("gpt", "x")), Reason.PLACEHOLDER_MEDIA_MISMATCH),
@@ -143,6 +144,6 @@ def test_sample_id_is_a_content_hash():
 
 def test_dataset_paths_resolve_against_the_config_directory():
     entry = {"name": "n", "paths": "data/*.jsonl", "media_root": "s3://b/media", "_base_dir": "/cfg"}
-    spec = DatasetSpec.from_config(DatasetConfig.model_validate(entry))
+    [spec] = specs_of([DatasetConfig.model_validate(entry)]).values()
     assert spec.paths == ("/cfg/data/*.jsonl",)
     assert spec.media_root == "s3://b/media"
