@@ -1,6 +1,9 @@
 """The mmpack command line: options, help and exit codes (no Spark needed for these)."""
 
+import json
+
 import pytest
+import yaml
 
 from mmpack_udfs import cli
 
@@ -164,3 +167,63 @@ def test_config_prints_the_checked_configuration_with_help(capsys):
     assert "normalize.max_image_pixels = 89478485" in capsys.readouterr().out
     assert cli.main(["config", "--set", "pack.budgt=3"]) == cli.EXIT_BAD_CONFIG
     assert "unknown config key 'pack.budgt'" in capsys.readouterr().err
+
+
+def no_spark(*args, **kwargs):
+    raise AssertionError("Spark must not start")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "says"),
+    [
+        (
+            {"columns": {"audio": "a"}},
+            "unknown config key 'datasets[0].columns.audio' (valid here: messages,",
+        ),
+        (
+            {"tags": {"speaker_tag": "s"}},
+            "unknown config key 'datasets[0].tags.speaker_tag' (valid here: role_key,",
+        ),
+        ({"tags": {"user_tag": 3}}, "datasets[0].tags.user_tag must be a role tag"),
+    ],
+)
+def test_unknown_mapping_keys_exit_2_before_spark_naming_the_key(
+    capsys, tmp_path, monkeypatch, dataset, says
+):
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", no_spark)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump({"datasets": [{"name": "d", "paths": "x.jsonl", "media_root": ".", **dataset}]})
+    )
+    assert (
+        cli.main(["normalize", "--config", str(config), "--out", str(tmp_path / "o")]) == cli.EXIT_BAD_CONFIG
+    )
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"file_name": "r.json", "ranking": True}, "is a ranking (preference) dataset"),
+        ({"hf_hub_url": "someone/x"}, "has no file_name (hf_hub_url): mmpack reads files"),
+        ({"file_name": "a.json", "formatting": "sharegpt", "columns": {"tools": "tools"}}, "column(s) tools"),
+        ({"file_name": "a.json", "num_samples": 10}, "does not support num_samples"),
+        ({"file_name": "a.json", "formatting": "kto"}, "formatting 'kto'"),
+        ({"file_name": "a.json", "tags": {"role_tag": "r", "speaker": "s"}}, "unknown config key 'speaker'"),
+    ],
+)
+def test_dataset_info_entries_mmpack_cannot_read_exit_2_naming_them(
+    capsys, tmp_path, monkeypatch, entry, says
+):
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", no_spark)
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"mine": entry, "other": {"file_name": "o.json"}}))
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"datasets": [{"name": "lf", "dataset_info": ".", "names": ["mine"]}]}))
+    assert cli.main(["run", "--config", str(config), "--out", str(tmp_path / "o")]) == cli.EXIT_BAD_CONFIG
+    err = capsys.readouterr().err
+    assert "dataset_info entry 'mine'" in err and says in err
+    config.write_text(yaml.safe_dump({"datasets": [{"name": "lf", "dataset_info": ".", "names": ["nope"]}]}))
+    assert (
+        cli.main(["normalize", "--config", str(config), "--out", str(tmp_path / "o")]) == cli.EXIT_BAD_CONFIG
+    )
+    assert "has no entry nope (it has: mine, other)" in capsys.readouterr().err

@@ -63,6 +63,12 @@ def reference_ids(hf_tokenizer, system, turns, media_tokens: list[int]) -> list[
                 {"type": p[1:-1]} if PLACEHOLDER.fullmatch(p) else {"type": "text", "text": p} for p in parts
             ]
             messages.append({"role": role, "content": content})
+    return render_ids(hf_tokenizer, messages, media_tokens)
+
+
+def render_ids(hf_tokenizer, messages: list[dict], media_tokens: list[int]) -> list[int]:
+    """Token ids of chat ``messages`` (string or content-part contents) as transformers renders
+    them, each media pad expanded to its token count."""
     text = hf_tokenizer.apply_chat_template(messages, tokenize=False)
     counts = iter(media_tokens)
     text = re.sub(r"<\|(image|video)_pad\|>", lambda m: m.group(0) * next(counts), text)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mmpack_udfs.config import load_config
+from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.tokenize.encoder import IGNORE, SampleTokenizer, TokenizeSettings
 from tests.oracles import qwen2_vl as oracle
@@ -361,3 +362,56 @@ def test_special_token_strings_in_text_stay_text(tok, supervised_side):
     assert int((ids == special["<|im_end|>"]).sum()) == 3
     backend = tokenizers.load_backend(tok.settings.tokenizer_path, tok.settings.tokenizer_json)
     assert injected in backend.decode(done.input_ids.tolist(), skip_special_tokens=False)
+
+
+def test_content_part_records_give_the_ids_transformers_gives_them(tok):
+    """The same conversation as content parts (several forms) and as placeholder text parses to
+    the same sample, whose ids are what transformers renders from the content parts."""
+    parts = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Compare "},
+                    {"type": "image", "image": "a.png"},
+                    {"type": "text", "value": " with "},
+                    {"type": "image_url", "image_url": {"url": "b.png"}},
+                    {"type": "text", "text": "."},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "The first "}, {"type": "text", "text": "is red."}],
+            },
+        ]
+    }
+    text = {
+        "messages": [
+            {"role": "user", "content": "Compare <image> with <image>."},
+            {"role": "assistant", "content": "The first is red."},
+        ],
+        "images": ["a.png", "b.png"],
+    }
+    spec = DatasetSpec(name="d", paths=("x",), media_root="/m")
+    conversation = parse_record(parts, spec)
+    assert conversation == parse_record(text, spec)
+    s = sample([t for _, t in conversation.turns], [image(640, 480), image(20, 20)])
+    as_transformers = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Compare "},
+                {"type": "image"},
+                {"type": "text", "text": " with "},
+                {"type": "image"},
+                {"type": "text", "text": "."},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "The first "}, {"type": "text", "text": "is red."}],
+        },
+    ]
+    expected = oracle.render_ids(auto_tokenizer(tok), as_transformers, media_oracle_tokens(s, {}))
+    assert one(tok, s).input_ids.tolist() == expected
