@@ -210,3 +210,30 @@ def test_bad_inline_images_get_the_reasons_files_get(tmp_path, data, reason):
 def test_urls_are_refused_and_nothing_is_fetched(tmp_path):
     row = normalize_one(tmp_path, image_record("https://example.invalid/cat.jpg"))
     assert row["kind"] == ROW_KIND_QUARANTINE and row["reason"] == Reason.MEDIA_REMOTE
+
+
+def test_an_inline_video_is_probed_and_kept_like_a_file(tmp_path):
+    import random
+
+    from mmpack_udfs.demo.data import _write_video
+
+    data = (tmp_path / "made" / "media" / _write_video(tmp_path / "made", 0, random.Random(0))).read_bytes()
+    record = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "video", "video": {"bytes": {BLOB_KEY: 0}, "path": "clip.mp4"}}],
+            },
+            {"role": "assistant", "content": "A moving square."},
+        ]
+    }
+    row = normalize_one(tmp_path, record, [data])
+    assert row["kind"] == ROW_KIND_SAMPLE, row
+    [item] = row["media"]
+    assert item["kind"] == "video" and item["frames"] > 0 and item["uri"].endswith(".mp4")
+    assert Path(item["uri"]).read_bytes() == data
+    broken = normalize_one(tmp_path, record, [data[: len(data) // 20]])
+    assert broken["kind"] == ROW_KIND_QUARANTINE and broken["reason"] in (
+        Reason.MEDIA_UNREADABLE,
+        Reason.VIDEO_NO_FRAMES,
+    )
