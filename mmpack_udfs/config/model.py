@@ -98,12 +98,18 @@ def _choice(*allowed: str | None) -> PlainValidator:
     return _rule(f"must be one of {names}", convert)
 
 
-def _paths(value: Any) -> str | list[str]:
+def _text_or_texts(value: Any) -> str | list[str]:
+    """A non-empty string, or a non-empty list of them (paths, role tags)."""
     if isinstance(value, str) and value:
         return value
     if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
         return value
     raise TypeError
+
+
+def _names(value: Any) -> list[str]:
+    names = _text_or_texts(value)
+    return [names] if isinstance(names, str) else names
 
 
 def _log_level(value: Any) -> str:
@@ -171,19 +177,11 @@ class S3Config(Section):
     retries: PositiveInt = Field(5, description="attempts per S3 request (AWS standard retry strategy)")
 
 
-def _tag_value(value: Any) -> str | list[str]:
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
-        return value
-    raise TypeError
-
-
 OptionalKey = Annotated[
     str | None, _rule("must be a non-empty string (a key of the records)", _optional(_text))
 ]
 RoleTag = Annotated[
-    str | list[str] | None, _rule("must be a role tag or a list of role tags", _optional(_tag_value))
+    str | list[str] | None, _rule("must be a role tag or a list of role tags", _optional(_text_or_texts))
 ]
 
 
@@ -232,7 +230,7 @@ class DatasetConfig(Section):
 
     name: Text = Field(description="dataset name (kept in every row)")
     paths: Annotated[
-        str | list[str] | None, _rule("must be a path or a non-empty list of paths", _optional(_paths))
+        str | list[str] | None, _rule("must be a path or a list of paths", _optional(_text_or_texts))
     ] = Field(None, description="files, directories or globs (local or s3://), relative to the config file")
     format: Annotated[str, _choice("auto", "json", "jsonl", "parquet")] = Field(
         "auto", description="auto | json | jsonl | parquet (auto: by file extension)"
@@ -253,7 +251,7 @@ class DatasetConfig(Section):
         None, description="a LLaMA-Factory dataset_info.json (or its folder), instead of paths"
     )
     names: Annotated[
-        list[str] | None, _rule("must be a non-empty list of entry names", _optional(_paths))
+        list[str] | None, _rule("must be a non-empty list of entry names", _optional(_names))
     ] = Field(
         None, description="with dataset_info: the entries to read (each becomes dataset <name>/<entry>)"
     )

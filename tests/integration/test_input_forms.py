@@ -69,7 +69,7 @@ def write_hf_parquet(folder: Path) -> dict[str, int]:
         ),
         folder / "lists.parquet",
     )  # fmt: skip
-    raw = [[GOOD[2]], [CORRUPT]]
+    raw = [[GOOD[2]], [CORRUPT], [BOMB]]
     content = pa.list_(pa.struct([("type", pa.string()), ("text", pa.string())]))
     parts = pa.list_(pa.struct([("role", pa.string()), ("content", content)]))
     pq.write_table(
@@ -82,7 +82,7 @@ def write_hf_parquet(folder: Path) -> dict[str, int]:
         ),
         folder / "binary.parquet",
     )  # fmt: skip
-    return {"media_unreadable": 2, "image_too_large": 2}
+    return {"image_too_large": 3, "media_unreadable": 2}
 
 
 def config_file(folder: Path, datasets: list[dict], name: str = "mmpack.yaml") -> Path:
@@ -105,7 +105,7 @@ def test_images_inside_parquet_are_probed_like_files_and_embedded_in_the_shards(
     normalized, tokenized, _ = run(spark, config, out, "normalize", "tokenize", "pack",
                                    overrides=("pack.oversize=skip",))  # fmt: skip
     totals = normalized["totals"]
-    assert totals["read"] == 7 == totals["samples"] + totals["quarantined"] + totals["duplicates"]
+    assert totals["read"] == 8 == totals["samples"] + totals["quarantined"] + totals["duplicates"]
     assert normalized["reasons"] == due and totals["samples"] == 3
     samples = tables.read_arrow(table_uri(str(out), "samples")).to_pylist()
     uris = [m["uri"] for s in samples for m in s["media"]]
