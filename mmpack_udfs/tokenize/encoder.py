@@ -29,6 +29,7 @@ from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
+from mmpack_udfs.tokenize import fast
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.tokenize.profiles import MediaPlan, Profile, make_profile
 
@@ -49,6 +50,7 @@ class TokenizeSettings:
     over_length: str = "drop"
     loss: str = "assistant"
     tokenizer_json: bool = False  # workers may load tokenizer.json alone (checked on the driver)
+    fast_encoder: bool = False  # workers may encode with the tiktoken port (proven on the driver)
 
     @classmethod
     def from_config(cls, config: Config) -> TokenizeSettings:
@@ -67,7 +69,9 @@ class TokenizeSettings:
             tokenizer_json=tokenizers.json_matches_auto(path),
         )
         settings.check_tokenizer()
-        return settings
+        return dataclasses.replace(
+            settings, fast_encoder=tokenizers.fast_encoder_verified(path, settings.tokenizer_json)
+        )
 
     def check_tokenizer(self) -> None:
         """Raise ConfigError naming the tokens of the profile's chat format and media spans
@@ -114,6 +118,7 @@ class SampleTokenizer:
     def __init__(self, settings: TokenizeSettings) -> None:
         self.settings = settings
         self.backend = tokenizers.load_backend(settings.tokenizer_path, settings.tokenizer_json)
+        self.fast = fast.load(settings.tokenizer_path, self.backend) if settings.fast_encoder else None
         self.profile: Profile = make_profile(settings.profile_name, settings.profile)
         self.special = {tok: self._token_id(tok) for tok in self.profile.special_tokens()}
         self._constants: dict[str, tuple[int, ...]] = {}
@@ -209,7 +214,7 @@ class SampleTokenizer:
         by ``np.repeat``), labels from a per-piece supervision mask."""
         plain = [p.text for conv in conversations for p in conv if p.text is not None and not p.header_chars]
         headed = [p.text for conv in conversations for p in conv if p.header_chars]
-        plain_ids = iter(self.backend.encode_batch_fast(plain, add_special_tokens=False))
+        plain_ids = iter(self._encode_plain(plain))
         headed_enc = iter(self.backend.encode_batch(headed, add_special_tokens=False) if headed else ())
         compact: list[int] = []  # the batch's ids, each pad run as one id
         runs: list[tuple[int, int]] = []  # (position in compact, length) of each pad run
@@ -232,7 +237,7 @@ class SampleTokenizer:
                     if p.supervised:
                         header_tokens.append((len(lengths) - 1, _tokens_before(enc.offsets, p.header_chars)))
                 else:
-                    ids = next(plain_ids).ids
+                    ids = next(plain_ids)
                     compact += ids
                     lengths.append(len(ids))
                 supervised.append(p.supervised)
@@ -252,6 +257,12 @@ class SampleTokenizer:
             out.append(Encoded(token_ids[a:b], labels[a:b], lengths[first_piece:end_piece]))
             first_piece = end_piece
         return out
+
+    def _encode_plain(self, texts: list[str]) -> list[list[int]]:
+        """Ids of texts without role headers: the tiktoken port where proven, else tokenizers."""
+        if self.fast is not None:
+            return self.fast.encode_batch(texts)
+        return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
 
     # --- samples -----------------------------------------------------------------------
 

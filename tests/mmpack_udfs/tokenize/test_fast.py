@@ -1,0 +1,106 @@
+"""The tiktoken port of byte-level BPE tokenizers: identical ids, or not used at all."""
+
+from __future__ import annotations
+
+import copy
+import json
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from mmpack_udfs.config import load_config
+from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.tokenize import fast
+from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
+
+
+@pytest.fixture(scope="module")
+def builtin() -> str:
+    return tokenizers.resolve_path(None)
+
+
+@pytest.fixture(scope="module")
+def backend(builtin):
+    return tokenizers.load_backend(builtin, tokenizers.json_matches_auto(builtin))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(builtin) -> dict:
+    return json.loads((Path(builtin) / "tokenizer.json").read_text())
+
+
+def ids(backend, texts):
+    return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def test_the_builtin_tokenizer_normalizes_to_nfc_as_qwen2s_does(tokenizer_json, backend):
+    assert tokenizer_json["normalizer"] == {"type": "NFC"}
+    assert ids(backend, ["cafe\u0301"]) == ids(backend, ["café"])
+
+
+def test_the_port_equals_tokenizers_on_the_adversarial_corpus(builtin, backend):
+    encoder = fast.load(builtin, backend)
+    texts = fast.adversarial_corpus(seed=1)
+    assert any(not unicodedata.is_normalized("NFC", t) for t in texts)
+    assert any(fast._unknown_to_python().search(t) for t in texts)  # code points newer than Python's
+    assert encoder.encode_batch(texts) == ids(backend, texts)
+
+
+def test_the_port_equals_tokenizers_on_demo_conversations(builtin, backend, tmp_path):
+    demo = demo_data.generate(tmp_path, samples=300, seed=3)
+    texts = []
+    for line in (demo.root / "data" / "sharegpt.jsonl").read_text().splitlines():
+        try:
+            record = json.loads(line)
+            texts += [t["value"] for t in record["conversations"] if isinstance(t["value"], str)]
+        except (ValueError, KeyError, TypeError):
+            continue
+    assert len(texts) > 300
+    assert fast.load(builtin, backend).encode_batch(texts) == ids(backend, texts)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda j: j.update(normalizer={"type": "NFKC"}), "normalizer 'NFKC'"),
+        (lambda j: j["model"].update(byte_fallback=True), "byte_fallback"),
+        (lambda j: j["model"].update(dropout=0.1), "dropout"),
+        (lambda j: j["added_tokens"][0].update(special=False), "not special"),
+        (lambda j: j["pre_tokenizer"]["pretokenizers"].pop(0), "one regex Split"),
+        (lambda j: j["model"]["merges"].reverse(), "merge priority"),
+        (lambda j: j.update(model={"type": "WordLevel"}), "not BPE"),
+    ],
+)
+def test_tokenizers_the_port_cannot_compute_are_refused_with_the_reason(tokenizer_json, change, why):
+    changed = copy.deepcopy(tokenizer_json)
+    change(changed)
+    bpe, reason = fast.bpe_of(changed)
+    assert bpe is None and why in reason
+
+
+def test_workers_use_the_port_only_when_the_driver_proved_it(builtin, tmp_path, monkeypatch):
+    monkeypatch.setenv("MMPACK_CACHE", str(tmp_path / "cache"))
+    settings = TokenizeSettings.from_config(load_config())
+    assert settings.fast_encoder is True and SampleTokenizer(settings).fast is not None
+    checks = list((tmp_path / "cache" / "tokenizer-checks").glob("fast-*.json"))
+    assert len(checks) == 1 and json.loads(checks[0].read_text())["identical"] is True
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    plain = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    plain.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "wordlevel"
+    folder.mkdir()
+    plain.save(str(folder / "tokenizer.json"))
+    assert tokenizers.fast_encoder_verified(str(folder), True) is False
+
+
+def test_a_port_that_disagrees_is_not_used(builtin, backend, tmp_path, monkeypatch):
+    class Wrong:
+        def encode_batch(self, texts):
+            return [[0] for _ in texts]
+
+    monkeypatch.setitem(fast._LOADED, builtin, Wrong())
+    assert fast.verified(builtin, backend, "key", tmp_path) is False
