@@ -118,7 +118,9 @@ class SampleTokenizer:
     def __init__(self, settings: TokenizeSettings) -> None:
         self.settings = settings
         self.backend = tokenizers.load_backend(settings.tokenizer_path, settings.tokenizer_json)
-        self.fast = fast.load(settings.tokenizer_path, self.backend) if settings.fast_encoder else None
+        self.fast = (
+            fast.load(settings.tokenizer_path, self.backend, proven=True) if settings.fast_encoder else None
+        )
         self.profile: Profile = make_profile(settings.profile_name, settings.profile)
         self.special = {tok: self._token_id(tok) for tok in self.profile.special_tokens()}
         self._constants: dict[str, tuple[int, ...]] = {}

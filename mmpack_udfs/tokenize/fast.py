@@ -37,8 +37,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-ASCII_STABLE = re.compile(r"[^\x00-\x7f]")  # a text without a match needs no normalization
-
 
 @dataclass(frozen=True)
 class Bpe:
@@ -65,8 +63,9 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
-def bpe_of(tokenizer_json: dict[str, Any]) -> tuple[Bpe | None, str]:
-    """The tiktoken form of a tokenizer.json, or (None, why it does not qualify)."""
+def bpe_of(tokenizer_json: dict[str, Any], check_merges: bool = True) -> tuple[Bpe | None, str]:
+    """The tiktoken form of a tokenizer.json, or (None, why it does not qualify). Workers skip
+    the merge-order check (``check_merges``): the driver made it before proving the port."""
     model = tokenizer_json.get("model") or {}
     if model.get("type") != "BPE":
         return None, f"model {model.get('type')!r} is not BPE"
@@ -100,7 +99,7 @@ def bpe_of(tokenizer_json: dict[str, Any]) -> tuple[Bpe | None, str]:
     vocab = model["vocab"]
     merged = [
         vocab.get(pair[0] + pair[1] if isinstance(pair, list) else pair.replace(" ", "", 1))
-        for pair in model.get("merges") or []
+        for pair in ((model.get("merges") or []) if check_merges else [])
     ]
     if any(r is None for r in merged) or any(a > b for a, b in itertools.pairwise(merged)):
         return None, "merge priority is not token-id order"
@@ -127,28 +126,29 @@ class FastEncoder:
     """``encode_batch(texts) -> list[list[int]]``, equal to ``fallback`` (a ``tokenizers``
     backend encoding special-token strings as text), several times faster."""
 
-    def __init__(self, bpe: Bpe, fallback: Any, threads: int = 1) -> None:
+    def __init__(self, bpe: Bpe, fallback: Any) -> None:
         import tiktoken
 
         self.encoding = tiktoken.Encoding(
             "mmpack-bpe", pat_str=bpe.pattern, mergeable_ranks=bpe.ranks, special_tokens={}
         )
-        self.nfc, self.fallback, self.threads = bpe.nfc, fallback, threads
+        self.nfc, self.fallback = bpe.nfc, fallback
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encode = self.encoding.encode_ordinary  # a thread pool per batch costs more than it saves here
         if not self.nfc:
-            return self.encoding.encode_ordinary_batch(list(texts), num_threads=self.threads)
+            return [encode(text) for text in texts]
         prepared: list[str] = []
         slow: list[int] = []  # texts only tokenizers can normalize exactly
         for i, text in enumerate(texts):
-            if ASCII_STABLE.search(text) is None:
+            if text.isascii():  # ASCII is NFC
                 prepared.append(text)
             elif _unknown_to_python().search(text) is not None:
                 slow.append(i)
                 prepared.append("")
             else:
                 prepared.append(unicodedata.normalize("NFC", text))
-        out = self.encoding.encode_ordinary_batch(prepared, num_threads=self.threads)
+        out = [encode(text) for text in prepared]
         if slow:
             exact = self.fallback.encode_batch([texts[i] for i in slow], add_special_tokens=False)
             for i, encoding in zip(slow, exact, strict=True):
@@ -159,11 +159,11 @@ class FastEncoder:
 _LOADED: dict[str, FastEncoder | None] = {}
 
 
-def load(path: str, fallback: Any) -> FastEncoder | None:
+def load(path: str, fallback: Any, proven: bool = False) -> FastEncoder | None:
     """The fast encoder of the tokenizer directory ``path``, once per process (None when its
-    tokenizer.json does not qualify)."""
+    tokenizer.json does not qualify). ``proven``: the driver has verified it (workers)."""
     if path not in _LOADED:
-        bpe, _ = bpe_of(json.loads((Path(path) / "tokenizer.json").read_text()))
+        bpe, _ = bpe_of(json.loads((Path(path) / "tokenizer.json").read_text()), check_merges=not proven)
         _LOADED[path] = FastEncoder(bpe, fallback) if bpe is not None else None
     return _LOADED[path]
 
