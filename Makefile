@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-balance clean
+.PHONY: setup java demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-loader-media bench-balance clean
 
 setup: java $(STAMP)
 
@@ -78,6 +78,9 @@ bench-balance: setup
 
 bench-loader: setup
 	$(BIN)/python bench/bench_loader.py
+
+bench-loader-media: setup
+	$(BIN)/python bench/bench_loader_media.py
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_VENV) $(OUT) bench/out dist

@@ -17,6 +17,7 @@ _EXPORTS = {
     "ShardError": "loader.source",
     "block_diagonal_mask": "loader.attention",
     "collate_packed": "loader.collate",
+    "normalize_pixel_values": "loader.collate",
     "varlen_attention": "loader.attention",
 }
 __all__ = sorted(_EXPORTS)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from loader import vision
 from loader.dataset import IGNORE
 
 VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
@@ -117,3 +118,25 @@ def _supervised_per_sample(item: dict[str, Any]) -> list[int]:
     cu = item["cu_seqlens"].to(torch.int64)
     sums = torch.cat([torch.zeros(1, dtype=torch.int64), supervised.cumsum(0)])
     return (sums[cu[1:]] - sums[cu[:-1]]).tolist()
+
+
+def normalize_pixel_values(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """What the model takes from ``PackedDataset(pixel_dtype="uint8")`` pixels: ``(x / 255 -
+    mean) / std`` per channel, on the tensor's device (one fused pass on the accelerator).
+    2-D: Qwen2-VL patches [rows, 1176] (CLIP mean/std); 4-D: InternVL tiles (ImageNet).
+    Other dtypes are returned as they are::
+
+        batch["pixel_values"] = normalize_pixel_values(batch["pixel_values"].to(device), torch.bfloat16)
+    """
+    if pixels.dtype != torch.uint8:
+        return pixels
+    device = pixels.device
+    if pixels.ndim == 2:
+        channel = torch.from_numpy(vision.QWEN2_VL_PATCH_CHANNEL).to(device)
+        mean, std = (torch.from_numpy(v).to(device)[channel] for v in (vision.CLIP_MEAN, vision.CLIP_STD))
+    else:
+        mean, std = (
+            torch.from_numpy(v).to(device).view(1, 3, 1, 1)
+            for v in (vision.IMAGENET_MEAN, vision.IMAGENET_STD)
+        )
+    return ((pixels.to(torch.float32) * (1 / 255) - mean) / std).to(dtype)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,9 @@ def distributed_rank() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+PIXEL_DTYPES = ("float32", "bfloat16", "uint8")
 
 
 class PackedDataset(IterableDataset):
@@ -65,8 +68,12 @@ class PackedDataset(IterableDataset):
         with_media: bool = True,
         balance: bool | None = None,
         cost_model: costs.CostModel | Mapping[str, Any] | None = None,
+        pixel_dtype: str = "float32",
     ) -> None:
         super().__init__()
+        if pixel_dtype not in PIXEL_DTYPES:
+            raise ValueError(f"pixel_dtype must be one of {', '.join(PIXEL_DTYPES)}, got {pixel_dtype!r}")
+        self.pixel_dtype = pixel_dtype
         self.storage = fs.Storage(s3 if isinstance(s3, fs.S3Options) else fs.S3Options.from_config(s3))
         self.manifest = load_manifest(fs.normalize_uri(manifest_uri), self.storage)
         default_rank, default_world = distributed_rank()
@@ -156,7 +163,10 @@ class PackedDataset(IterableDataset):
         for item in order[skip:]:
             if item.unit not in loaded:
                 loaded[item.unit] = _RowGroup(
-                    self._source, self.units[item.unit], self.profile, self.with_media
+                    self._source,
+                    self.units[item.unit],
+                    self.profile,
+                    self._pixels() if self.with_media else None,
                 )
             out = loaded[item.unit].item(item.row, self._source.storage)
             remaining[item.unit] -= 1
@@ -165,6 +175,9 @@ class PackedDataset(IterableDataset):
             self._consumed += 1
             yield _as_filler(out) if item.filler else out
         self._consumed = 0
+
+    def _pixels(self) -> _Pixels:
+        return _Pixels(self.pixel_dtype, self.manifest.get("media_encoding", "file") == "rgb8")
 
     def _items(self, slot: plan.Slot, source: ShardSource) -> list[plan.Item]:
         """This reader's items of the epoch, in order."""
@@ -189,13 +202,33 @@ def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
     return {**item, "labels": torch.full_like(item["labels"], IGNORE), "sample_ids": [], "filler": True}
 
 
+@dataclass(frozen=True)
+class _Pixels:
+    """How pixels are handed over: ``dtype`` (float32, bfloat16, or uint8 for the model side
+    to normalize: ``loader.normalize_pixel_values``), and whether the shard's media are
+    prepared (8-bit frames already resized to their grid; the manifest's ``media_encoding``)."""
+
+    dtype: str
+    prepared: bool
+
+    @property
+    def computed(self) -> str:
+        """What numpy computes: uint8 values, or float32 (cast to bfloat16 afterwards)."""
+        return "uint8" if self.dtype == "uint8" else "float32"
+
+    def tensor(self, values: np.ndarray) -> torch.Tensor:
+        out = torch.from_numpy(values)
+        return out.to(torch.bfloat16) if self.dtype == "bfloat16" else out
+
+
 class _RowGroup:
     """One row group's columns as numpy views, to cut bins out of without per-token work."""
 
     def __init__(
-        self, source: ShardSource, unit: plan.Unit, profile: Mapping[str, Any], with_media: bool
+        self, source: ShardSource, unit: plan.Unit, profile: Mapping[str, Any], pixels: _Pixels | None
     ) -> None:
-        self.profile, self.with_media = profile, with_media
+        self.profile, self.pixels = profile, pixels
+        with_media = self.with_media = pixels is not None
         media_columns: list[str] = []
         if with_media:
             media_columns = ["media"]
@@ -232,10 +265,10 @@ class _RowGroup:
         media = self.media[row].as_py() if self.media is not None else []
         if self.profile["kind"] == "qwen2_vl":
             item["mrope_position_ids"] = _mrope(media, cu, positions)
-            if self.with_media:
-                item.update(_qwen2_vl_pixels(media, storage))
+            if self.pixels is not None:
+                item.update(_qwen2_vl_pixels(media, storage, self.pixels))
         elif media:
-            item.update(_internvl_media(media, self.profile, storage))
+            item.update(_internvl_media(media, self.profile, storage, self.pixels))
         return item
 
 
@@ -250,8 +283,9 @@ def _frames(item: Mapping[str, Any], storage: fs.Storage) -> list:
     return vision.decode_frames(data, item["frame_indices"], item["uri"])
 
 
-def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage) -> dict[str, Any]:
-    """Pixel patches and grids per kind, as transformers' Qwen2-VL takes them."""
+def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage, pixels: _Pixels) -> dict[str, Any]:
+    """Pixel patches and grids per kind, as transformers' Qwen2-VL takes them (or their
+    uint8 values, ``pixel_dtype="uint8"``)."""
     out: dict[str, Any] = {}
     for kind, pixels_key, grid_key in (
         ("image", "pixel_values", "image_grid_thw"),
@@ -259,8 +293,8 @@ def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage) -> dict[str, Any]:
     ):
         items = [m for m in media if m["kind"] == kind]
         if items:
-            patches = [vision.qwen2_vl_patches(_frames(m, storage), m) for m in items]
-            out[pixels_key] = torch.from_numpy(np.concatenate(patches))
+            patches = [_qwen2_vl_item(m, storage, pixels) for m in items]
+            out[pixels_key] = pixels.tensor(np.concatenate(patches))
             out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
     return out
 
@@ -277,12 +311,31 @@ def _mrope(media: list[dict], cu: np.ndarray, positions: np.ndarray) -> torch.Te
     return torch.from_numpy(rows)
 
 
-def _internvl_media(media: list[dict], profile: Mapping[str, Any], storage: fs.Storage) -> dict[str, Any]:
+def _qwen2_vl_item(item: dict, storage: fs.Storage, pixels: _Pixels) -> np.ndarray:
+    """One item's patches: from prepared frames (8-bit, already at the grid's size: only
+    patchified) or from the original file (decoded and resized first)."""
+    if not pixels.prepared:
+        return vision.qwen2_vl_patches(_frames(item, storage), item, pixels.computed)
+    frames = 1 if item["kind"] == "image" else len(item["frame_indices"])
+    shape = (frames, item["resized_height"], item["resized_width"], 3)
+    data = _media_bytes(item, storage)
+    if len(data) != int(np.prod(shape)):
+        raise vision.MediaDecodeError(f"{item['uri']}: {len(data)} prepared bytes, the grid needs {shape}")
+    return vision.qwen2_vl_patches_of_rgb8(
+        np.frombuffer(data, np.uint8).reshape(shape), item, pixels.computed
+    )
+
+
+def _internvl_media(
+    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: _Pixels | None
+) -> dict[str, Any]:
     image = profile["image"]
+    pixels = pixels or _Pixels("float32", False)
     tiles = [
-        vision.internvl_tiles(_frames(m, storage), m, image["tile_size"], image["thumbnail"]) for m in media
+        vision.internvl_tiles(_frames(m, storage), m, image["tile_size"], image["thumbnail"], pixels.computed)
+        for m in media
     ]
     return {
-        "pixel_values": torch.from_numpy(np.concatenate(tiles)),
+        "pixel_values": pixels.tensor(np.concatenate(tiles)),
         "num_tiles": torch.tensor([len(t) for t in tiles]),
     }

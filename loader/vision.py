@@ -64,41 +64,83 @@ def decode_frames(data: bytes, indices: list[int], uri: str) -> list[Image.Image
     return [frames[i] for i in indices]
 
 
-def _normalized(image: Image.Image, height: int, width: int, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """[3, height, width] float32: resized (bicubic), scaled to [0, 1], normalized."""
-    resized = np.asarray(image.resize((width, height), Image.Resampling.BICUBIC), np.float32)
-    return ((resized * np.float32(1 / 255) - mean) / std).transpose(2, 0, 1)
+def resized_rgb8(frames: list[Image.Image], height: int, width: int) -> np.ndarray:
+    """[frames, height, width, 3] uint8: each frame resized (PIL bicubic on 8-bit RGB, as
+    transformers' processors resize before they rescale)."""
+    return np.stack([np.asarray(f.resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
 
 
-def qwen2_vl_patches(frames: list[Image.Image], item: dict) -> np.ndarray:
-    """[grid_t · grid_h · grid_w, 1176] patches of one image (one frame) or video."""
+def normalize(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray, axis: int) -> np.ndarray:
+    """uint8 pixels → float32 ``(x / 255 - mean) / std``, channels along ``axis``."""
+    shape = [1] * pixels.ndim
+    shape[axis] = 3
+    return (pixels.astype(np.float32) * np.float32(1 / 255) - mean.reshape(shape)) / std.reshape(shape)
+
+
+def qwen2_vl_patches(frames: list[Image.Image], item: dict, dtype: str = "float32") -> np.ndarray:
+    """[grid_t · grid_h · grid_w, 1176] patches of one image (one frame) or video: float32
+    normalized, or (``dtype="uint8"``) the raw 8-bit values (``normalize_qwen2_vl``)."""
+    return qwen2_vl_patches_of_rgb8(
+        resized_rgb8(frames, item["resized_height"], item["resized_width"]), item, dtype
+    )
+
+
+def qwen2_vl_patches_of_rgb8(rgb: np.ndarray, item: dict, dtype: str = "float32") -> np.ndarray:
+    """Patches of frames already resized to the item's size (``resized_rgb8``; prepared media)."""
     t, h, w = item["grid_t"], item["grid_h"], item["grid_w"]
     height, width = item["resized_height"], item["resized_width"]
     if (height // PATCH, width // PATCH) != (h, w):
         raise MediaDecodeError(f"{item['uri']}: grid {h}x{w} does not match resized size {height}x{width}")
-    pixels = np.stack([_normalized(f, height, width, CLIP_MEAN, CLIP_STD) for f in frames])
-    if len(frames) == 1:
+    if rgb.shape[1:] != (height, width, 3):
+        raise MediaDecodeError(f"{item['uri']}: frames of {rgb.shape[1:3]}, the grid needs {height}x{width}")
+    pixels = rgb.transpose(0, 3, 1, 2)  # [frames, 3, H, W]
+    if len(pixels) == 1:
         pixels = np.repeat(pixels, TEMPORAL * t, axis=0)
     if len(pixels) != TEMPORAL * t:
         raise MediaDecodeError(f"{item['uri']}: {len(pixels)} frames for grid_t {t}")
     patches = pixels.reshape(t, TEMPORAL, 3, h // MERGE, MERGE, PATCH, w // MERGE, MERGE, PATCH)
-    patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return np.ascontiguousarray(patches.reshape(t * h * w, 3 * TEMPORAL * PATCH * PATCH))
+    patches = np.ascontiguousarray(patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8))
+    patches = patches.reshape(t * h * w, 3 * TEMPORAL * PATCH * PATCH)
+    return patches if dtype == "uint8" else normalize_qwen2_vl(patches)
 
 
-def internvl_tiles(frames: list[Image.Image], item: dict, tile_size: int, thumbnail: bool) -> np.ndarray:
+QWEN2_VL_PATCH_CHANNEL = np.arange(3 * TEMPORAL * PATCH * PATCH) // (TEMPORAL * PATCH * PATCH)
+
+
+def normalize_qwen2_vl(patches: np.ndarray) -> np.ndarray:
+    """uint8 Qwen2-VL patches [rows, 1176] → the float32 pixel values transformers gives
+    (each row is channel-major: 3 × 2 × 14 × 14). The loader's ``pixel_dtype="uint8"`` hands
+    the uint8 patches over; this (or ``loader.normalize_pixel_values`` on the device) finishes."""
+    channel = QWEN2_VL_PATCH_CHANNEL
+    return (patches.astype(np.float32) * np.float32(1 / 255) - CLIP_MEAN[channel]) / CLIP_STD[channel]
+
+
+def internvl_tiles(
+    frames: list[Image.Image], item: dict, tile_size: int, thumbnail: bool, dtype: str = "float32"
+) -> np.ndarray:
     """[tiles, 3, tile_size, tile_size]: images in their stored rows × columns grid (plus a
-    thumbnail when split), video frames one tile each."""
+    thumbnail when split), video frames one tile each; float32 normalized with the ImageNet
+    mean/std, or (``dtype="uint8"``) the raw 8-bit values (``normalize_internvl``)."""
+
+    def chw(image: Image.Image, height: int, width: int) -> np.ndarray:
+        return resized_rgb8([image], height, width)[0].transpose(2, 0, 1)
+
     if item["kind"] == "video":
-        return np.stack([_normalized(f, tile_size, tile_size, IMAGENET_MEAN, IMAGENET_STD) for f in frames])
-    rows, cols = item["grid_h"], item["grid_w"]
-    whole = _normalized(frames[0], rows * tile_size, cols * tile_size, IMAGENET_MEAN, IMAGENET_STD)
-    tiles = whole.reshape(3, rows, tile_size, cols, tile_size).transpose(1, 3, 0, 2, 4)
-    tiles = tiles.reshape(rows * cols, 3, tile_size, tile_size)
-    if thumbnail and rows * cols > 1:
-        thumb = _normalized(frames[0], tile_size, tile_size, IMAGENET_MEAN, IMAGENET_STD)
-        tiles = np.concatenate([tiles, thumb[None]])
-    return np.ascontiguousarray(tiles)
+        tiles = np.stack([chw(f, tile_size, tile_size) for f in frames])
+    else:
+        rows, cols = item["grid_h"], item["grid_w"]
+        whole = chw(frames[0], rows * tile_size, cols * tile_size)
+        tiles = whole.reshape(3, rows, tile_size, cols, tile_size).transpose(1, 3, 0, 2, 4)
+        tiles = tiles.reshape(rows * cols, 3, tile_size, tile_size)
+        if thumbnail and rows * cols > 1:
+            tiles = np.concatenate([tiles, chw(frames[0], tile_size, tile_size)[None]])
+    tiles = np.ascontiguousarray(tiles)
+    return tiles if dtype == "uint8" else normalize_internvl(tiles)
+
+
+def normalize_internvl(tiles: np.ndarray) -> np.ndarray:
+    """uint8 InternVL tiles [tiles, 3, H, W] → float32 normalized with the ImageNet mean/std."""
+    return normalize(tiles, IMAGENET_MEAN, IMAGENET_STD, axis=1)
 
 
 def mrope_positions(length: int, media: list[dict]) -> np.ndarray:

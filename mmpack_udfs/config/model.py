@@ -351,6 +351,11 @@ class PackConfig(Section):
     bins_per_row_group: PositiveInt = Field(
         32, description="bins per Parquet row group: the unit a loader reads and shuffles"
     )
+    media: Annotated[str, _choice("original", "prepared")] = Field(
+        "original",
+        description="embedded media as the `original` files' bytes, or `prepared`: 8-bit frames already "
+        "resized to their grid (qwen2_vl; the loader only patchifies; larger shards)",
+    )
     embed_media: Flag = Field(
         True, description="store every media file's bytes in the shard; `false`: URIs only"
     )
@@ -508,6 +513,13 @@ class Config(Section):
                     "balance.cost_model.{name}: profile '{name}' has no cost model",
                     {"name": name},
                 )
+        if self.pack.media == "prepared" and (self.profile.kind != "qwen2_vl" or not self.pack.embed_media):
+            raise PydanticCustomError(
+                "mmpack_named",
+                "pack.media: prepared needs pack.embed_media true and a qwen2_vl profile (tokenize.profile "
+                "'{name}' is {kind})",
+                {"name": self.tokenize.profile, "kind": self.profile.kind},
+            )
         names = [d.name for d in self.datasets]
         for i, name in enumerate(names):
             if name in names[:i]:

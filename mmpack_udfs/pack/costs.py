@@ -228,10 +228,12 @@ def read_index(
     return index
 
 
-def shard_rows(bins: pa.Table, path: str, profile: Mapping[str, Any]) -> pa.Table:
-    """One shard's rows of the index before the manifest numbers the shards: ``path`` instead
-    of ``shard``. Computed by the task that writes the shard, from the bins in its hands."""
+def shard_rows(bins: pa.Table, path: str, profile: Mapping[str, Any], first_row: int = 0) -> pa.Table:
+    """Rows of the index for bins of one shard (starting at its row ``first_row``) before the
+    manifest numbers the shards: ``path`` instead of ``shard``. Computed by the task that
+    writes the shard, from the bins in its hands."""
     rows = bin_costs(bins, 0, profile).drop_columns(["shard"])
+    rows = rows.set_column(0, "row", pa.array(np.arange(bins.num_rows, dtype=np.int64) + first_row))
     return rows.append_column("path", pa.array([path] * bins.num_rows, pa.string()))
 
 

@@ -8,7 +8,7 @@ bins; only list offsets are computed. The one per-item Python loop reads media f
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,9 +64,10 @@ def build_bins(
     end_bin: int,
     *,
     group: int,
-    read_media: Callable[[str], bytes] | None,
+    read_media: Callable[[dict], bytes] | None,
 ) -> pa.RecordBatch:
-    """Shard rows for bins [first_bin, end_bin) of ``lay`` (bins are never empty)."""
+    """Shard rows for bins [first_bin, end_bin) of ``lay`` (bins are never empty);
+    ``read_media`` gives the bytes to embed of one media item (its TOKENIZED_MEDIA fields)."""
     lo, hi = lay.bin_starts[first_bin], lay.bin_starts[end_bin]
     taken = group_rows.take(pa.array(lay.rows[lo:hi])).combine_chunks()
     row_offsets = (lay.bin_starts[first_bin : end_bin + 1] - lo).astype(np.int64)
@@ -129,7 +130,7 @@ def _bin_media(
     media: pa.ListArray,
     row_offsets: np.ndarray,
     start_in_bin: np.ndarray,
-    read_media: Callable[[str], bytes] | None,
+    read_media: Callable[[dict], bytes] | None,
 ) -> pa.ListArray:
     """Each row's media moved into its bin: offsets shifted to the bin, sample index added."""
     counts = list_lengths(media)
@@ -138,8 +139,9 @@ def _bin_media(
     bin_of_row = owner_of_elements(np.diff(row_offsets))
     sample_index = row_of_item - row_offsets[bin_of_row[row_of_item]]
     token_offset = items.field("token_offset").to_numpy(zero_copy_only=False) + start_in_bin[row_of_item]
-    uris = items.field("uri").to_pylist()
-    data = pa.array([read_media(u) for u in uris] if read_media else [None] * len(uris), pa.binary())
+    data = pa.array(
+        [read_media(i) for i in items.to_pylist()] if read_media else [None] * len(items), pa.binary()
+    )
     fields = dict(zip(schemas.TOKENIZED_MEDIA.names, items.flatten(), strict=True))
     fields.update(
         sample_index=pa.array(sample_index.astype(np.int32)),
@@ -202,29 +204,30 @@ class WrittenShard:
 def write_shard(
     packed_root: str,
     relative_path: str,
-    batches: list[pa.RecordBatch],
+    batches: Iterable[pa.RecordBatch],
     bins_per_row_group: int,
     storage: fs.Storage,
 ) -> WrittenShard:
-    """Write one shard (a file under its final name is always complete: ``fs.atomic_output``)
-    and hash it on the way out."""
-    table = pa.Table.from_batches(batches, schema=schemas.SHARD)
+    """Write one shard from ``batches`` (each at most one row group of bins; streamed, so a
+    shard of large embedded media is never whole in memory). A file under its final name is
+    always complete (``fs.atomic_output``); it is hashed on the way out."""
+    rows = samples = tokens = 0
     with storage.atomic_output(fs.join(packed_root, relative_path)) as stream:
         sink = _HashingSink(stream)
-        pq.write_table(
-            table,
-            sink,
-            row_group_size=bins_per_row_group,
-            compression="zstd",
-            write_statistics=False,
-            store_schema=True,
-        )
+        with pq.ParquetWriter(
+            sink, schemas.SHARD, compression="zstd", write_statistics=False, store_schema=True
+        ) as writer:
+            for batch in batches:
+                writer.write_table(pa.Table.from_batches([batch], schema=schemas.SHARD), bins_per_row_group)
+                rows += batch.num_rows
+                samples += int(pc.sum(batch.column("num_samples")).as_py() or 0)
+                tokens += int(pc.sum(batch.column("num_tokens")).as_py() or 0)
     return WrittenShard(
         path=relative_path,
-        rows=table.num_rows,
-        samples=int(pc.sum(table.column("num_samples")).as_py() or 0),
-        tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
+        rows=rows,
+        samples=samples,
+        tokens=tokens,
         bytes=sink.size,
         sha256=sink.sha256.hexdigest(),
-        row_groups=-(-table.num_rows // bins_per_row_group),
+        row_groups=-(-rows // bins_per_row_group),
     )

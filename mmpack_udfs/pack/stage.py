@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -82,6 +82,7 @@ class PackSettings:
     bins_per_shard: int
     bins_per_row_group: int
     embed_media: bool
+    media: str  # original | prepared
     seed: int
     profile: Mapping[str, Any]  # the model profile the rows were tokenized with
     cost_model: costs.CostModel  # orders the bins into cost-stratified row groups
@@ -98,6 +99,7 @@ class PackSettings:
             bins_per_shard=p.bins_per_shard,
             bins_per_row_group=p.bins_per_row_group,
             embed_media=p.embed_media,
+            media=p.media,
             seed=p.seed,
             profile=config.profile.model_dump(),
             cost_model=costs.CostModel.for_profile(config, config.tokenize.profile),
@@ -258,22 +260,38 @@ def write_placed_shard(
     lay = shards.BinLayout(
         rows=np.arange(rows.num_rows), bin_starts=np.concatenate([[0], np.cumsum(per_bin)])
     )
-    read_media = _media_reader(storage) if settings.embed_media else None
-    batch = shards.build_bins(rows, lay, 0, lay.num_bins, group=0, read_media=read_media)
+    read_media = _media_reader(storage, settings.media == "prepared") if settings.embed_media else None
     name = shard_path(shard_dir, shard)
-    written = shards.write_shard(packed_root, name, [batch], settings.bins_per_row_group, storage)
+    cost_rows: list[pa.Table] = []
+
+    def row_groups() -> Iterator[pa.RecordBatch]:
+        """The shard's bins one row group at a time (embedded media stay one row group big)."""
+        per_group = settings.bins_per_row_group
+        for first in range(0, lay.num_bins, per_group):
+            end = min(first + per_group, lay.num_bins)
+            batch = shards.build_bins(rows, lay, first, end, group=0, read_media=read_media)
+            cost_rows.append(costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile, first))
+            yield batch
+
+    written = shards.write_shard(packed_root, name, row_groups(), settings.bins_per_row_group, storage)
     result = {
         "shard": shard,
         "rows_in": rows.num_rows,
         "written": asdict(written),
-        "costs": costs.to_ipc(costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile)),
+        "costs": costs.to_ipc(
+            pa.concat_tables(cost_rows)
+            if cost_rows
+            else costs.shard_rows(schemas.SHARD.empty_table(), name, settings.profile)
+        ),
         "seconds": time.perf_counter() - started,
     }
     return pa.RecordBatch.from_pylist([result], schema=SHARD_RESULT)
 
 
-def _media_reader(storage: fs.Storage):
-    """Read a media file's bytes, once per file per task."""
+def _media_reader(storage: fs.Storage, prepared: bool) -> Callable[[dict], bytes]:
+    """The bytes to embed for a media item: its file's, read once per file per task; or,
+    ``prepared``, its frames decoded and resized to the item's grid (8-bit RGB, frames ×
+    height × width × 3; ``loader.vision.resized_rgb8``, the resize transformers does)."""
     cache: dict[str, bytes] = {}
 
     def read(uri: str) -> bytes:
@@ -281,7 +299,17 @@ def _media_reader(storage: fs.Storage):
             cache[uri] = storage.read_bytes(uri)
         return cache[uri]
 
-    return read
+    def prepare(item: dict) -> bytes:
+        from loader import vision
+
+        data = read(item["uri"])
+        if item["kind"] == "image":
+            frames = [vision.decode_image(data)]
+        else:
+            frames = vision.decode_frames(data, item["frame_indices"], item["uri"])
+        return vision.resized_rgb8(frames, item["resized_height"], item["resized_width"]).tobytes()
+
+    return prepare if prepared else (lambda item: read(item["uri"]))
 
 
 def published_run(packed_root: str, run_id: str, storage: fs.Storage) -> dict | None:
@@ -410,6 +438,7 @@ def build_manifest(
         "budget": settings.budget,
         "second_budget": {"by": settings.second_by, "max": settings.second_budget},
         "media_embedded": settings.embed_media,
+        "media_encoding": "rgb8" if settings.media == "prepared" else "file",
         "bins_per_row_group": settings.bins_per_row_group,
         "totals": {
             "shards": len(shard_list),

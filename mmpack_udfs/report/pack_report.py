@@ -185,6 +185,8 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
         "source": manifest["source"],
         "shards": manifest["totals"]["shards"],
         "bytes": manifest["totals"]["bytes"],
+        "bytes_per_token": round(manifest["totals"]["bytes"] / max(manifest["totals"]["tokens"], 1), 3),
+        "media": _media_kind(manifest),
         **statistics(manifest, figures),
     }
     storage.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode())
@@ -199,6 +201,17 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
     return summary
 
 
+def _media_kind(manifest: Mapping[str, Any]) -> str:
+    """How the shards hold media: the original files, prepared 8-bit frames, or URIs only."""
+    if not manifest.get("media_embedded", True):
+        return "referenced by URI"
+    return (
+        "prepared (8-bit frames at their grid)"
+        if manifest.get("media_encoding") == "rgb8"
+        else "original files"
+    )
+
+
 def format_report(s: Mapping[str, Any]) -> str:
     lines = [f"pack  run {s['run_id']}  budget {s['budget']:,} tokens"]
     if not s["bins"]:
@@ -207,7 +220,7 @@ def format_report(s: Mapping[str, Any]) -> str:
     cost = s["attention_cost"]
     lines += [
         f"  {s['samples']:,} samples → {s['bins']:,} bins in {s['shards']} shard(s), "
-        f"{s['bytes'] / 2**20:,.1f} MiB"
+        f"{s['bytes'] / 2**20:,.1f} MiB ({s['bytes_per_token']} bytes per token; media {s['media']})"
         + (f"; {s['skipped']} skipped as over budget" if s["skipped"] else ""),
         f"  fill {100 * s['fill']:.2f} %  (bins {s['bins']:,} vs lower bound {s['lower_bound_bins']:,}: "
         f"+{s['extra_bins']})",

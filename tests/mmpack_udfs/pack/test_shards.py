@@ -96,7 +96,9 @@ def test_bins_decode_back_to_exactly_the_rows(bins_per_shard):
     decoded = {}
     for first in range(0, lay.num_bins, bins_per_shard):
         end = min(first + bins_per_shard, lay.num_bins)
-        batch = shards.build_bins(rows, lay, first, end, group=3, read_media=lambda uri: uri.encode())
+        batch = shards.build_bins(
+            rows, lay, first, end, group=3, read_media=lambda item: item["uri"].encode()
+        )
         assert batch.schema == schemas.SHARD
         assert (batch.column("num_tokens").to_numpy() <= 1000).all()
         assert batch.column("group").to_pylist() == [3] * (end - first)

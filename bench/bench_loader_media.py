@@ -1,0 +1,112 @@
+"""Loader throughput with media, per variant, in one process (= one dataloader worker).
+
+    .venv/bin/python bench/bench_loader_media.py [--bins 40] [--rounds 3]
+
+Data: `mmpack demo` (2,000 samples with real images and videos) packed twice from the same
+tokenized tables: `pack.media: original` (the files' bytes; the loader decodes, resizes,
+normalizes and patchifies) and `pack.media: prepared` (8-bit frames already at their grid;
+the loader only patchifies). Variants: each packing × `pixel_dtype` float32 / uint8.
+The variants alternate for --rounds rounds over the same first --bins bins (this machine's
+speed drifts over minutes); the median round is reported, with each variant's ratio to
+original + float32 (what the loader did before prepared media and uint8 pixels).
+Results: bench/out/loader_media.json; copy the table into bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import OUT, machine
+
+from loader import PackedDataset
+
+VARIANTS = [("original", "float32"), ("original", "uint8"), ("prepared", "float32"), ("prepared", "uint8")]
+
+
+def packed_demo(media: str) -> Path:
+    """The demo packed with ``pack.media`` = ``media`` (the original run is made first)."""
+    original = OUT / "loader-media-original"
+    if not (original / "packed" / "manifest.json").exists():
+        command = [
+            sys.executable,
+            "-m",
+            "mmpack_udfs.cli",
+            "demo",
+            "--out",
+            str(original),
+            "--master",
+            "local[2]",
+        ]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    if media == "original":
+        return original / "packed"
+    out = OUT / "loader-media-prepared"
+    if not (out / "packed" / "manifest.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(original / "tables", out / "tables")
+        config = str(original / "input" / "mmpack.yaml")
+        command = [sys.executable, "-m", "mmpack_udfs.cli", "pack", "--config", config, "--out", str(out),
+                   "--master", "local[2]", "--set", "pack.media=prepared"]  # fmt: skip
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return out / "packed"
+
+
+def read(packed: Path, pixel_dtype: str, bins: int) -> dict:
+    dataset = PackedDataset(str(packed), shuffle=False, balance=False, pixel_dtype=pixel_dtype)
+    started, count, tokens = time.perf_counter(), 0, 0
+    for item in dataset:
+        count += 1
+        tokens += len(item["input_ids"])
+        if count == bins:
+            break
+    seconds = time.perf_counter() - started
+    return {
+        "bins": count,
+        "tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bins", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    packed = {media: packed_demo(media) for media in ("original", "prepared")}
+    sizes = {}
+    for media, root in packed.items():
+        manifest = json.loads((root / "manifest.json").read_text())
+        totals = manifest["totals"]
+        sizes[media] = {
+            "bytes": totals["bytes"],
+            "bytes_per_token": round(totals["bytes"] / totals["tokens"], 3),
+        }
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append({f"{m}+{d}": read(packed[m], d, args.bins) for m, d in VARIANTS})
+    baseline = "original+float32"
+    summary = {}
+    for media, dtype in VARIANTS:
+        name = f"{media}+{dtype}"
+        ratios = [r[name]["tokens_per_s"] / r[baseline]["tokens_per_s"] for r in rounds]
+        summary[name] = {
+            "median_tokens_per_s": statistics.median(r[name]["tokens_per_s"] for r in rounds),
+            "median_ratio_to_original_float32": round(statistics.median(ratios), 2),
+            "shard_bytes": sizes[media]["bytes"],
+            "shard_bytes_per_token": sizes[media]["bytes_per_token"],
+        }
+    report = {"machine": machine(), "bins_per_variant": args.bins, "rounds": rounds, "summary": summary}
+    (OUT / "loader_media.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
