@@ -8,7 +8,8 @@ normalizes and patchifies) and `pack.media: prepared` (8-bit frames already at t
 the loader only patchifies). Variants: each packing × `pixel_dtype` float32 / uint8.
 The variants alternate for --rounds rounds over the same first --bins bins (this machine's
 speed drifts over minutes); the median round is reported, with each variant's ratio to
-original + float32 (what the loader did before prepared media and uint8 pixels).
+"today": the original files read the way the loader read them before issue 18 (Pillow
+decoding, float32 normalization before the patch transposes; ``todays_patches``).
 Results: bench/out/loader_media.json; copy the table into bench/RESULTS.md.
 """
 
@@ -23,11 +24,19 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from common import OUT, machine
+from PIL import Image
 
-from loader import PackedDataset
+from loader import PackedDataset, vision
 
-VARIANTS = [("original", "float32"), ("original", "uint8"), ("prepared", "float32"), ("prepared", "uint8")]
+VARIANTS = [
+    ("today", "float32"),  # original files, the loader as it was before issue 18 (todays_patches)
+    ("original", "float32"),
+    ("original", "uint8"),
+    ("prepared", "float32"),
+    ("prepared", "uint8"),
+]
 
 
 def packed_demo(media: str) -> Path:
@@ -58,7 +67,36 @@ def packed_demo(media: str) -> Path:
     return out / "packed"
 
 
-def read(packed: Path, pixel_dtype: str, bins: int) -> dict:
+def todays_patches(frames: list, item: dict, dtype: str = "float32") -> np.ndarray:
+    """The loader's Qwen2-VL patches as they were computed before issue 18 (commit cf8c14a):
+    each frame resized and normalized in float32, then the float32 array patchified."""
+    t, h, w = item["grid_t"], item["grid_h"], item["grid_w"]
+    height, width = item["resized_height"], item["resized_width"]
+    normalized = []
+    for frame in frames:
+        resized = np.asarray(frame.resize((width, height), Image.Resampling.BICUBIC), np.float32)
+        normalized.append(
+            ((resized * np.float32(1 / 255) - vision.CLIP_MEAN) / vision.CLIP_STD).transpose(2, 0, 1)
+        )
+    pixels = np.stack(normalized)
+    if len(frames) == 1:
+        pixels = np.repeat(pixels, 2 * t, axis=0)
+    patches = pixels.reshape(t, 2, 3, h // 2, 2, 14, w // 2, 2, 14).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(patches.reshape(t * h * w, 1176))
+
+
+def read(packed: Path, pixel_dtype: str, bins: int, today: bool = False) -> dict:
+    """Read ``bins`` bins; ``today``: with the pre-issue-18 decoding (Pillow) and patches."""
+    saved = vision.simplejpeg, vision.qwen2_vl_patches
+    if today:
+        vision.simplejpeg, vision.qwen2_vl_patches = None, todays_patches
+    try:
+        return _read(packed, pixel_dtype, bins)
+    finally:
+        vision.simplejpeg, vision.qwen2_vl_patches = saved
+
+
+def _read(packed: Path, pixel_dtype: str, bins: int) -> dict:
     dataset = PackedDataset(str(packed), shuffle=False, balance=False, pixel_dtype=pixel_dtype)
     started, count, tokens = time.perf_counter(), 0, 0
     for item in dataset:
@@ -81,6 +119,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     packed = {media: packed_demo(media) for media in ("original", "prepared")}
+    packed["today"] = packed["original"]
     sizes = {}
     for media, root in packed.items():
         manifest = json.loads((root / "manifest.json").read_text())
@@ -91,17 +130,17 @@ def main() -> None:
         }
     rounds = []
     for _ in range(args.rounds):
-        rounds.append({f"{m}+{d}": read(packed[m], d, args.bins) for m, d in VARIANTS})
-    baseline = "original+float32"
+        rounds.append({f"{m}+{d}": read(packed[m], d, args.bins, m == "today") for m, d in VARIANTS})
+    baseline = "today+float32"
     summary = {}
     for media, dtype in VARIANTS:
         name = f"{media}+{dtype}"
         ratios = [r[name]["tokens_per_s"] / r[baseline]["tokens_per_s"] for r in rounds]
         summary[name] = {
             "median_tokens_per_s": statistics.median(r[name]["tokens_per_s"] for r in rounds),
-            "median_ratio_to_original_float32": round(statistics.median(ratios), 2),
-            "shard_bytes": sizes[media]["bytes"],
-            "shard_bytes_per_token": sizes[media]["bytes_per_token"],
+            "median_ratio_to_today": round(statistics.median(ratios), 2),
+            "shard_bytes": sizes["original" if media == "today" else media]["bytes"],
+            "shard_bytes_per_token": sizes["original" if media == "today" else media]["bytes_per_token"],
         }
     report = {"machine": machine(), "bins_per_variant": args.bins, "rounds": rounds, "summary": summary}
     (OUT / "loader_media.json").write_text(json.dumps(report, indent=2))

@@ -17,6 +17,11 @@ import tempfile
 import numpy as np
 from PIL import Image
 
+try:
+    import simplejpeg
+except ImportError:  # optional: Pillow decodes every JPEG then
+    simplejpeg = None
+
 from mmpack_udfs.constants import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
 from mmpack_udfs.schemas import RGB_CONVERTIBLE_MODES
 
@@ -32,10 +37,29 @@ class MediaDecodeError(RuntimeError):
 
 
 def decode_image(data: bytes) -> Image.Image:
+    """An image file's bytes as 8-bit RGB. Baseline/progressive JPEGs in YCbCr or gray go
+    through libjpeg-turbo directly (simplejpeg, accurate DCT and upsampling: bit-identical to
+    Pillow, ~3× faster); everything else (CMYK JPEGs, PNG, ...) through Pillow."""
+    fast = _jpeg_rgb(data)
+    if fast is not None:
+        return Image.fromarray(fast)
     with Image.open(io.BytesIO(data)) as image:
         if image.mode not in RGB_CONVERTIBLE_MODES:  # normalize quarantines these: a shard never should
             raise MediaDecodeError(f"pixel mode {image.mode} would clip when converted to 8-bit RGB")
         return image.convert("RGB")
+
+
+def _jpeg_rgb(data: bytes) -> np.ndarray | None:
+    """The RGB pixels of a YCbCr or gray JPEG, or None (not one, simplejpeg absent, or a file
+    Pillow should report on)."""
+    if data[:2] != b"\xff\xd8" or simplejpeg is None:
+        return None
+    try:
+        if simplejpeg.decode_jpeg_header(data)[2] not in ("YCbCr", "Gray"):
+            return None
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False)
+    except (ValueError, RuntimeError):
+        return None  # corrupt or unusual: Pillow decides and words the error
 
 
 def decode_frames(data: bytes, indices: list[int], uri: str) -> list[Image.Image]:
@@ -74,7 +98,17 @@ def normalize(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray, axis: int) 
     """uint8 pixels → float32 ``(x / 255 - mean) / std``, channels along ``axis``."""
     shape = [1] * pixels.ndim
     shape[axis] = 3
-    return (pixels.astype(np.float32) * np.float32(1 / 255) - mean.reshape(shape)) / std.reshape(shape)
+    return _scaled(pixels, mean.reshape(shape), std.reshape(shape))
+
+
+def _scaled(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """``(x * float32(1/255) - mean) / std`` in float32, each step in place (one output array,
+    no temporaries: the same operations, so the same bits, at a third of the memory traffic)."""
+    out = pixels.astype(np.float32)
+    out *= np.float32(1 / 255)
+    out -= mean
+    out /= std
+    return out
 
 
 def qwen2_vl_patches(frames: list[Image.Image], item: dict, dtype: str = "float32") -> np.ndarray:
@@ -105,14 +139,14 @@ def qwen2_vl_patches_of_rgb8(rgb: np.ndarray, item: dict, dtype: str = "float32"
 
 
 QWEN2_VL_PATCH_CHANNEL = np.arange(3 * TEMPORAL * PATCH * PATCH) // (TEMPORAL * PATCH * PATCH)
+QWEN2_VL_PATCH_MEAN, QWEN2_VL_PATCH_STD = CLIP_MEAN[QWEN2_VL_PATCH_CHANNEL], CLIP_STD[QWEN2_VL_PATCH_CHANNEL]
 
 
 def normalize_qwen2_vl(patches: np.ndarray) -> np.ndarray:
     """uint8 Qwen2-VL patches [rows, 1176] → the float32 pixel values transformers gives
     (each row is channel-major: 3 × 2 × 14 × 14). The loader's ``pixel_dtype="uint8"`` hands
     the uint8 patches over; this (or ``loader.normalize_pixel_values`` on the device) finishes."""
-    channel = QWEN2_VL_PATCH_CHANNEL
-    return (patches.astype(np.float32) * np.float32(1 / 255) - CLIP_MEAN[channel]) / CLIP_STD[channel]
+    return _scaled(patches, QWEN2_VL_PATCH_MEAN, QWEN2_VL_PATCH_STD)
 
 
 def internvl_tiles(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import types
 from functools import partial
 
@@ -91,3 +92,18 @@ def test_internvl_tiles_follow_the_stored_grid():
     assert tiles.shape == (3, 3, 448, 448)  # 1 x 2 tiles + thumbnail
     red = (200 / 255 - vision.IMAGENET_MEAN[0]) / vision.IMAGENET_STD[0]
     np.testing.assert_allclose(tiles[:, 0], red, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
+def test_jpegs_decode_to_the_pixels_pillow_gives(mode, tmp_path):
+    """RGB and gray JPEGs take the libjpeg-turbo path, CMYK the Pillow one: the same pixels."""
+    rng = np.random.default_rng(1)
+    channels = {"RGB": 3, "L": 1, "CMYK": 4}[mode]
+    array = rng.integers(0, 256, (45, 61, channels), dtype=np.uint8).squeeze()
+    out = io.BytesIO()
+    Image.fromarray(array, mode).save(out, format="JPEG", quality=90)
+    data = out.getvalue()
+    with Image.open(io.BytesIO(data)) as image:
+        expected = np.asarray(image.convert("RGB"))
+    assert (vision._jpeg_rgb(data) is not None) == (mode != "CMYK")
+    assert np.array_equal(np.asarray(vision.decode_image(data)), expected)
