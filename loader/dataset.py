@@ -228,9 +228,8 @@ class _RowGroup:
         self, source: ShardSource, unit: plan.Unit, profile: Mapping[str, Any], pixels: _Pixels | None
     ) -> None:
         self.profile, self.pixels = profile, pixels
-        with_media = self.with_media = pixels is not None
         media_columns: list[str] = []
-        if with_media:
+        if pixels is not None:
             media_columns = ["media"]
         elif profile["kind"] == "qwen2_vl":  # mRoPE needs the grids and offsets, not the pixels
             media_columns = source.nested_columns(unit.shard, "media", MROPE_FIELDS)
@@ -327,10 +326,9 @@ def _qwen2_vl_item(item: dict, storage: fs.Storage, pixels: _Pixels) -> np.ndarr
 
 
 def _internvl_media(
-    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: _Pixels | None
+    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: _Pixels
 ) -> dict[str, Any]:
     image = profile["image"]
-    pixels = pixels or _Pixels("float32", False)
     tiles = [
         vision.internvl_tiles(_frames(m, storage), m, image["tile_size"], image["thumbnail"], pixels.computed)
         for m in media

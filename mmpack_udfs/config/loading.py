@@ -103,13 +103,8 @@ def apply_override(config: dict[str, Any], item: str) -> dict[str, Any]:
 
 def _is_text(path: list[str]) -> bool:
     """Whether the key at ``path`` holds text (a plain field of type str or str | None)."""
-    model: Any = Config
-    for part in path[:-1]:
-        field = model.model_fields.get(part) if isinstance(model, type) else None
-        model = field.annotation if field is not None else None
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return False
-    field = model.model_fields.get(path[-1])
+    section = _section_at(path[:-1])
+    field = section.model_fields.get(path[-1]) if section is not None else None
     return field is not None and field.annotation in (str, str | None)
 
 
@@ -151,19 +146,29 @@ def _message(error: Mapping[str, Any]) -> str:
 
 def _valid_keys(loc: list[Any]) -> list[str]:
     """The keys the model accepts at ``loc`` (a section, a list entry or a map entry)."""
+    section = _section_at(loc)
+    if section is None:
+        return []
+    return [n for n, f in section.model_fields.items() if not (f.alias or "").startswith("_")]
+
+
+def _section_at(path: list[Any]) -> type[BaseModel] | None:
+    """The section model at ``path`` (through list entries and map entries), or None where
+    the path leads to a value or to no section."""
     model: Any = Config
-    parts = list(loc)
+    parts = list(path)
     while parts:
         part = parts.pop(0)
-        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
-            return []
-        annotation = model.model_fields[part].annotation
-        if get_origin(annotation) in (list, dict):  # skip the index or the map key
-            annotation, parts = get_args(annotation)[-1], parts[1:]
-        model = annotation
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return []
-    return [n for n, f in model.model_fields.items() if not (f.alias or "").startswith("_")]
+        if not _is_section(model) or part not in model.model_fields:
+            return None
+        model = model.model_fields[part].annotation
+        if get_origin(model) in (list, dict):  # skip the index or the map key
+            model, parts = get_args(model)[-1], parts[1:]
+    return model if _is_section(model) else None
+
+
+def _is_section(model: Any) -> bool:
+    return isinstance(model, type) and issubclass(model, BaseModel)
 
 
 def _dotted(loc: list[Any]) -> str:

@@ -161,9 +161,8 @@ def probe_data(
     (``uri``: ``label``) and the file suffix the bytes should be kept under."""
     suffix = os.path.splitext(name)[1].lower()
     if kind == "image":
-        info = probe_image(label, data, settings)
-        with Image.open(io.BytesIO(data)) as image:
-            return info, IMAGE_SUFFIXES.get(image.format or "", suffix or ".img")
+        info, image_format = _probe_image(label, data, settings)
+        return info, IMAGE_SUFFIXES.get(image_format or "", suffix or ".img")
     suffix = suffix or ".mp4"
     with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
         tmp.write(data)
@@ -179,11 +178,17 @@ def _stable(err: Exception) -> str:
 
 def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
     """Header first (size, pixel limit), then an optional decode to catch corrupt data."""
+    return _probe_image(uri, data, settings)[0]
+
+
+def _probe_image(uri: str, data: bytes, settings: ProbeSettings) -> tuple[MediaInfo, str | None]:
+    """``probe_image``, and the image's format as Pillow names it (JPEG, PNG, ...)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
+                image_format = image.format
                 if image.mode not in schemas.RGB_CONVERTIBLE_MODES:
                     raise Rejected(
                         Reason.MEDIA_UNSUPPORTED,
@@ -204,7 +209,7 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: {type(err).__name__}: {_stable(err)}") from err
     if width <= 0 or height <= 0:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: empty image {width}x{height}")
-    return MediaInfo("image", uri, len(data), width, height)
+    return MediaInfo("image", uri, len(data), width, height), image_format
 
 
 def probe_video(uri: str, size: int, settings: ProbeSettings, storage: fs.Storage = fs.LOCAL) -> MediaInfo:

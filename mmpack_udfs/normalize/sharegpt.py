@@ -166,11 +166,10 @@ def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
     """Validate one decoded record; raise Rejected with a reason code if it is unusable."""
     if not isinstance(record, dict):
         raise Rejected(Reason.MALFORMED_RECORD, f"expected an object, got {type(record).__name__}")
-    mapping = spec.mapping(detect_dialect(record, spec))
+    dialect = detect_dialect(record, spec)
+    mapping = spec.mapping(dialect)
     _refuse_audio_column(record, mapping)
-    messages = (
-        _alpaca_messages(record, mapping) if "prompt" in mapping.columns else _messages(record, mapping)
-    )
+    messages = _alpaca_messages(record, mapping) if dialect == "alpaca" else _messages(record, mapping)
     system, turns, slots = _turns(record, messages, mapping)
     _check_order(turns)
     images = _media_list(record, mapping.columns["images"]) + _media_list(record, mapping.columns["image"])
@@ -242,6 +241,7 @@ def _turns(
     of the media columns)."""
     turns: list[tuple[str, str]] = []
     slots: list[Slot] = []
+    in_first = 0  # slots of the first turn (a system turn's are not media)
     for i, (tag, content) in enumerate(messages):
         role = m.roles.get(tag) if isinstance(tag, str) else None
         if role is None:
@@ -249,16 +249,16 @@ def _turns(
         text, turn_slots = _content(content, m, f"turn {i}")
         turns.append((role, text))
         slots += turn_slots
+        in_first = in_first if i else len(turn_slots)
     system = record.get(m.columns["system"])
     if system is not None and not isinstance(system, str):
         raise Rejected(Reason.NON_STRING_CONTENT, f"system prompt is {type(system).__name__}")
     if turns[0][0] == "system":
         if system:
             raise Rejected(Reason.BROKEN_TURN_ORDER, "system prompt given both as key and turn")
-        in_system = len(_content(messages[0][1], m, "turn 0")[1])
-        if any(ref is not None for _, ref in slots[:in_system]):
+        if any(ref is not None for _, ref in slots[:in_first]):
             raise Rejected(Reason.PLACEHOLDER_MEDIA_MISMATCH, "an image or video part in the system prompt")
-        system, turns, slots = turns[0][1], turns[1:], slots[in_system:]
+        system, turns, slots = turns[0][1], turns[1:], slots[in_first:]
     if not turns:
         raise Rejected(Reason.MISSING_CONVERSATION, "only a system prompt, no turns")
     return (system or None), turns, slots

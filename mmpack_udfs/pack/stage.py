@@ -278,11 +278,7 @@ def write_placed_shard(
         "shard": shard,
         "rows_in": rows.num_rows,
         "written": asdict(written),
-        "costs": costs.to_ipc(
-            pa.concat_tables(cost_rows)
-            if cost_rows
-            else costs.shard_rows(schemas.SHARD.empty_table(), name, settings.profile)
-        ),
+        "costs": costs.to_ipc(pa.concat_tables(cost_rows)),  # a placed shard has bins
         "seconds": time.perf_counter() - started,
     }
     return pa.RecordBatch.from_pylist([result], schema=SHARD_RESULT)
@@ -292,6 +288,8 @@ def _media_reader(storage: fs.Storage, prepared: bool) -> Callable[[dict], bytes
     """The bytes to embed for a media item: its file's, read once per file per task; or,
     ``prepared``, its frames decoded and resized to the item's grid (8-bit RGB, frames ×
     height × width × 3; ``loader.vision.resized_rgb8``, the resize transformers does)."""
+    from loader import vision  # shipped in the executor zip; numpy and Pillow only
+
     cache: dict[str, bytes] = {}
 
     def read(uri: str) -> bytes:
@@ -300,8 +298,6 @@ def _media_reader(storage: fs.Storage, prepared: bool) -> Callable[[dict], bytes
         return cache[uri]
 
     def prepare(item: dict) -> bytes:
-        from loader import vision
-
         data = read(item["uri"])
         if item["kind"] == "image":
             frames = [vision.decode_image(data)]

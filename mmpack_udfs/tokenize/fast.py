@@ -21,11 +21,9 @@ Three layers keep it exact:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
-import os
 import random
 import re
 import sys
@@ -197,20 +195,16 @@ def verified(path: str, fallback: Any, key: str, cache: Path, extra: Sequence[st
     """Whether the fast encoder gives ``fallback``'s ids on the adversarial corpus (and
     ``extra``); the verdict is cached under ``cache`` by ``key`` (directory content and
     library versions)."""
+    from mmpack_udfs.tokenize.tokenizer import cached_verdict
+
     versions = "|".join(f"{p}={metadata.version(p)}" for p in ("tiktoken", "tokenizers"))
-    corpus = hashlib.sha256(json.dumps([versions, *adversarial_corpus(), *extra]).encode()).hexdigest()[:16]
-    verdict = cache / f"fast-{key[:32]}-{corpus}.json"
-    if verdict.exists():
-        return bool(json.loads(verdict.read_text())["identical"])
-    encoder = load(path, fallback)
-    identical = False
-    if encoder is not None:
-        texts = [*adversarial_corpus(), *extra]
+    texts = [*adversarial_corpus(), *extra]
+    corpus = hashlib.sha256(json.dumps([versions, *texts]).encode()).hexdigest()[:16]
+
+    def identical() -> bool:
+        encoder = load(path, fallback)
         expected = [e.ids for e in fallback.encode_batch(texts, add_special_tokens=False)]
-        identical = encoder.encode_batch(texts) == expected
-    with contextlib.suppress(OSError):
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = verdict.with_name(f"{verdict.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"path": path, "identical": identical, "versions": versions}))
-        tmp.replace(verdict)
-    return identical
+        return encoder is not None and encoder.encode_batch(texts) == expected
+
+    verdict = cache / f"fast-{key[:32]}-{corpus}.json"
+    return cached_verdict(verdict, "identical", identical, path=path, versions=versions)

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -166,15 +167,26 @@ def json_matches_auto(path: str) -> bool:
     if not (Path(path) / "tokenizer.json").is_file():
         return False
     verdict = cache_dir() / "tokenizer-checks" / f"{_directory_key(path)}.json"
+    return cached_verdict(
+        verdict,
+        "matches",
+        lambda: load(path).backend_tokenizer.to_str() == _load_json(path).to_str(),
+        path=str(path),
+    )
+
+
+def cached_verdict(verdict: Path, name: str, check: Callable[[], bool], **facts: str) -> bool:
+    """The verdict ``name`` saved in the file ``verdict``, or ``check()``'s, saved there with
+    ``facts`` (atomically; a read-only cache only costs the check again next time)."""
     if verdict.exists():
-        return bool(json.loads(verdict.read_text())["matches"])
-    matches = load(path).backend_tokenizer.to_str() == _load_json(path).to_str()
-    with contextlib.suppress(OSError):  # a read-only cache only costs the check again next time
+        return bool(json.loads(verdict.read_text())[name])
+    result = check()
+    with contextlib.suppress(OSError):
         verdict.parent.mkdir(parents=True, exist_ok=True)
         tmp = verdict.with_name(f"{verdict.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"path": str(path), "matches": matches}))
+        tmp.write_text(json.dumps({**facts, name: result}))
         tmp.replace(verdict)
-    return matches
+    return result
 
 
 def _directory_key(path: str) -> str:
