@@ -137,7 +137,7 @@ def _looks_like_json_lines(uri: str, storage: fs.Storage) -> bool:
         return False
 
 
-def plan_splits(files: Sequence[InputFile], split_bytes: int) -> list[Split]:
+def plan_splits(files: Sequence[InputFile], split_bytes: int, storage: fs.Storage = fs.LOCAL) -> list[Split]:
     """Cut files into splits: byte ranges for JSONL, row groups for Parquet."""
     splits: list[Split] = []
     for f in files:
@@ -145,7 +145,7 @@ def plan_splits(files: Sequence[InputFile], split_bytes: int) -> list[Split]:
             starts = range(0, max(f.size, 1), split_bytes)
             splits += [Split(f.dataset, f.uri, f.format, s, split_bytes) for s in starts]
         elif f.format == "parquet":
-            groups = pq.ParquetFile(_open(f.uri)).num_row_groups if f.size else 0
+            groups = pq.ParquetFile(_open(f.uri, storage)).num_row_groups if f.size else 0
             splits += [Split(f.dataset, f.uri, f.format, g, 1) for g in range(max(groups, 1))]
         else:
             splits.append(Split(f.dataset, f.uri, f.format, 0, f.size))

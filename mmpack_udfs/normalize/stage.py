@@ -49,7 +49,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         return previous
 
     settings = records.NormalizeSettings.from_config(config.normalize, fs.join(ctx.output, "media"))
-    splits = inputs.plan_splits(files, config.normalize.split_bytes)
+    splits = inputs.plan_splits(files, config.normalize.split_bytes, storage)
     normalized = _normalized_rows(spark, splits, specs, settings, storage)
     unique = _unique_samples(spark, normalized, samples_uri, ctx.mode, storage)
     common = {

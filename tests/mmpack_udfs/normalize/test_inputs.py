@@ -133,3 +133,26 @@ def test_a_json_lines_file_named_json_with_a_broken_first_line_keeps_its_good_re
     assert counted == 3 and [raw for _, _, raw, _ in got] == ['{"broken": ', '{"k": 1}', '{"k": 2}']
     (tmp_path / "lines.json").write_text('{\n  "pretty": {\n    "k": 1\n  }\n}\n')  # one pretty object
     assert one_file(tmp_path)[0].format == "json"
+
+
+def test_parquet_inputs_on_s3_are_split_by_their_row_groups(s3_bucket, tmp_path):
+    import boto3
+
+    from mmpack_udfs.io import fs
+
+    endpoint, bucket = s3_bucket
+    local = tmp_path / "rows.parquet"
+    rows = [
+        {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]}
+        for i in range(6)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), local, row_group_size=2)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").upload_file(
+        str(local), bucket, "in/rows.parquet"
+    )
+    storage = fs.Storage(fs.S3Options(endpoint_override=endpoint))
+    spec = DatasetSpec(name="d", paths=(f"s3://{bucket}/in/*.parquet",), media_root=f"s3://{bucket}/m")
+    splits = inputs.plan_splits(inputs.list_inputs([spec], storage), 1 << 20, storage)
+    assert [s.start for s in splits] == [0, 1, 2]
+    read = [r for s in splits for r in inputs.read_split(s, storage) if r["records_read"] is None]
+    assert [r["source_position"] for r in read] == list(range(6))
