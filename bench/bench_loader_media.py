@@ -9,7 +9,8 @@ the loader only patchifies). Variants: each packing × `pixel_dtype` float32 / u
 The variants alternate for --rounds rounds over the same first --bins bins (this machine's
 speed drifts over minutes); the median round is reported, with each variant's ratio to
 "today": the original files read the way the loader read them before issue 18 (Pillow
-decoding, float32 normalization before the patch transposes; ``todays_patches``).
+decoding, float32 normalization before the patch transposes, one array per item then a
+concatenation; ``todays_pixels``).
 Results: bench/out/loader_media.json; copy the table into bench/RESULTS.md.
 """
 
@@ -25,10 +26,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from common import OUT, machine
 from PIL import Image
 
 from loader import PackedDataset, vision
+from loader import dataset as dataset_module
 
 VARIANTS = [
     ("today", "float32"),  # original files, the loader as it was before issue 18 (todays_patches)
@@ -85,15 +88,31 @@ def todays_patches(frames: list, item: dict, dtype: str = "float32") -> np.ndarr
     return np.ascontiguousarray(patches.reshape(t * h * w, 1176))
 
 
+def todays_pixels(media: list[dict], storage, pixels) -> dict:
+    """The loader's per-bin pixels as computed before issue 18: each item's float32 patches
+    (``todays_patches``), then one concatenation per kind."""
+    out = {}
+    for kind, pixels_key, grid_key in (
+        ("image", "pixel_values", "image_grid_thw"),
+        ("video", "pixel_values_videos", "video_grid_thw"),
+    ):
+        items = [m for m in media if m["kind"] == kind]
+        if items:
+            patches = [todays_patches(dataset_module._frames(m, storage), m) for m in items]
+            out[pixels_key] = torch.from_numpy(np.concatenate(patches))
+            out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
+    return out
+
+
 def read(packed: Path, pixel_dtype: str, bins: int, today: bool = False) -> dict:
-    """Read ``bins`` bins; ``today``: with the pre-issue-18 decoding (Pillow) and patches."""
-    saved = vision.simplejpeg, vision.qwen2_vl_patches
+    """Read ``bins`` bins; ``today``: with the pre-issue-18 decoding (Pillow) and pixels."""
+    saved = vision.simplejpeg, dataset_module._qwen2_vl_pixels
     if today:
-        vision.simplejpeg, vision.qwen2_vl_patches = None, todays_patches
+        vision.simplejpeg, dataset_module._qwen2_vl_pixels = None, todays_pixels
     try:
         return _read(packed, pixel_dtype, bins)
     finally:
-        vision.simplejpeg, vision.qwen2_vl_patches = saved
+        vision.simplejpeg, dataset_module._qwen2_vl_pixels = saved
 
 
 def _read(packed: Path, pixel_dtype: str, bins: int) -> dict:

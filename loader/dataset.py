@@ -19,6 +19,7 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -28,6 +29,7 @@ from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.io import fs
 from mmpack_udfs.pack import costs
 
+MEDIA_ENCODINGS = ("file", "patches8")  # docs/FORMAT.md: what media[].data holds
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
 MROPE_FIELDS = ["sample_index", "grid_t", "grid_h", "grid_w", "token_offset"]  # what mRoPE reads of media
 
@@ -76,6 +78,12 @@ class PackedDataset(IterableDataset):
         self.pixel_dtype = pixel_dtype
         self.storage = fs.Storage(s3 if isinstance(s3, fs.S3Options) else fs.S3Options.from_config(s3))
         self.manifest = load_manifest(fs.normalize_uri(manifest_uri), self.storage)
+        self.media_encoding = self.manifest.get("media_encoding", "file")
+        if self.media_encoding not in MEDIA_ENCODINGS:
+            raise ValueError(
+                f"{manifest_uri}: media_encoding {self.media_encoding!r} is not one this loader "
+                f"reads ({', '.join(MEDIA_ENCODINGS)}); repack the shards or upgrade mmpack"
+            )
         default_rank, default_world = distributed_rank()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -177,7 +185,7 @@ class PackedDataset(IterableDataset):
         self._consumed = 0
 
     def _pixels(self) -> _Pixels:
-        return _Pixels(self.pixel_dtype, self.manifest.get("media_encoding", "file") == "rgb8")
+        return _Pixels(self.pixel_dtype, self.media_encoding == "patches8")
 
     def _items(self, slot: plan.Slot, source: ShardSource) -> list[plan.Item]:
         """This reader's items of the epoch, in order."""
@@ -206,7 +214,7 @@ def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
 class _Pixels:
     """How pixels are handed over: ``dtype`` (float32, bfloat16, or uint8 for the model side
     to normalize: ``loader.normalize_pixel_values``), and whether the shard's media are
-    prepared (8-bit frames already resized to their grid; the manifest's ``media_encoding``)."""
+    prepared (8-bit patches already at their grid; the manifest's ``media_encoding``)."""
 
     dtype: str
     prepared: bool
@@ -219,6 +227,36 @@ class _Pixels:
     def tensor(self, values: np.ndarray) -> torch.Tensor:
         out = torch.from_numpy(values)
         return out.to(torch.bfloat16) if self.dtype == "bfloat16" else out
+
+
+class _MediaColumn:
+    """A row group's ``media`` lists, item by item: the small fields as Python values and
+    ``data`` as bytes, or with ``views`` as numpy views into the Arrow buffer (prepared
+    patches are read without a copy)."""
+
+    def __init__(self, column: pa.ListArray, views: bool) -> None:
+        self.offsets, self.views = column.offsets.to_numpy(), views
+        items: pa.StructArray = column.values
+        fields = dict(zip([f.name for f in items.type], items.flatten(), strict=True))
+        data = fields.pop("data", None)
+        self.meta = pa.StructArray.from_arrays(list(fields.values()), list(fields))
+        self.data = None
+        if data is not None:
+            self.data = (
+                np.frombuffer(data.buffers()[1], np.int32)[data.offset :],
+                np.frombuffer(data.buffers()[2] or b"", np.uint8),
+                data.is_valid().to_numpy(zero_copy_only=False),
+            )
+
+    def row(self, row: int) -> list[dict[str, Any]]:
+        start, end = int(self.offsets[row]), int(self.offsets[row + 1])
+        items = self.meta.slice(start, end - start).to_pylist()
+        if self.data is not None:
+            offsets, values, valid = self.data
+            for index, item in enumerate(items, start):
+                view = values[offsets[index] : offsets[index + 1]]
+                item["data"] = None if not valid[index] else view if self.views else view.tobytes()
+        return items
 
 
 class _RowGroup:
@@ -239,7 +277,9 @@ class _RowGroup:
             array = table.column(name).chunk(0)
             self.lists[name] = (array.offsets.to_numpy(), array.values.to_numpy())
         self.sample_ids = table.column("sample_ids").chunk(0)
-        self.media = table.column("media").chunk(0) if media_columns else None
+        self.media = None
+        if media_columns:
+            self.media = _MediaColumn(table.column("media").chunk(0), views=bool(pixels and pixels.prepared))
 
     def _list(self, name: str, row: int) -> np.ndarray:
         offsets, values = self.lists[name]
@@ -261,7 +301,7 @@ class _RowGroup:
             "sample_ids": self.sample_ids[row].as_py(),
             "filler": False,
         }
-        media = self.media[row].as_py() if self.media is not None else []
+        media = self.media.row(row) if self.media is not None else []
         if self.profile["kind"] == "qwen2_vl":
             item["mrope_position_ids"] = _mrope(media, cu, positions)
             if self.pixels is not None:
@@ -271,7 +311,7 @@ class _RowGroup:
         return item
 
 
-def _media_bytes(item: Mapping[str, Any], storage: fs.Storage) -> bytes:
+def _media_bytes(item: Mapping[str, Any], storage: fs.Storage) -> bytes | np.ndarray:
     return item["data"] if item["data"] is not None else storage.read_bytes(item["uri"])
 
 
@@ -284,7 +324,8 @@ def _frames(item: Mapping[str, Any], storage: fs.Storage) -> list:
 
 def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage, pixels: _Pixels) -> dict[str, Any]:
     """Pixel patches and grids per kind, as transformers' Qwen2-VL takes them (or their
-    uint8 values, ``pixel_dtype="uint8"``)."""
+    uint8 values, ``pixel_dtype="uint8"``): every item's 8-bit patches written into one
+    array, then normalized once."""
     out: dict[str, Any] = {}
     for kind, pixels_key, grid_key in (
         ("image", "pixel_values", "image_grid_thw"),
@@ -292,8 +333,12 @@ def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage, pixels: _Pixels) ->
     ):
         items = [m for m in media if m["kind"] == kind]
         if items:
-            patches = [_qwen2_vl_item(m, storage, pixels) for m in items]
-            out[pixels_key] = pixels.tensor(np.concatenate(patches))
+            rows = np.cumsum([0] + [vision.qwen2_vl_rows(m) for m in items])
+            patches = np.empty((rows[-1], vision.ROW_VALUES), np.uint8)
+            for m, start, end in zip(items, rows[:-1], rows[1:], strict=True):
+                vision.expand_patches8(_qwen2_vl_patches8(m, storage, pixels), patches[start:end])
+            values = patches if pixels.computed == "uint8" else vision.normalize_qwen2_vl(patches)
+            out[pixels_key] = pixels.tensor(values)
             out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
     return out
 
@@ -310,19 +355,12 @@ def _mrope(media: list[dict], cu: np.ndarray, positions: np.ndarray) -> torch.Te
     return torch.from_numpy(rows)
 
 
-def _qwen2_vl_item(item: dict, storage: fs.Storage, pixels: _Pixels) -> np.ndarray:
-    """One item's patches: from prepared frames (8-bit, already at the grid's size: only
-    patchified) or from the original file (decoded and resized first)."""
-    if not pixels.prepared:
-        return vision.qwen2_vl_patches(_frames(item, storage), item, pixels.computed)
-    frames = 1 if item["kind"] == "image" else len(item["frame_indices"])
-    shape = (frames, item["resized_height"], item["resized_width"], 3)
-    data = _media_bytes(item, storage)
-    if len(data) != int(np.prod(shape)):
-        raise vision.MediaDecodeError(f"{item['uri']}: {len(data)} prepared bytes, the grid needs {shape}")
-    return vision.qwen2_vl_patches_of_rgb8(
-        np.frombuffer(data, np.uint8).reshape(shape), item, pixels.computed
-    )
+def _qwen2_vl_patches8(item: dict, storage: fs.Storage, pixels: _Pixels) -> np.ndarray:
+    """One item's compact 8-bit patches: stored as such (prepared media) or from the
+    original file (decoded and resized first)."""
+    if pixels.prepared:
+        return vision.compact_patches8(_media_bytes(item, storage), item)
+    return vision.qwen2_vl_patches8(_frames(item, storage), item)
 
 
 def _internvl_media(

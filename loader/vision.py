@@ -114,31 +114,60 @@ def _scaled(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray
 def qwen2_vl_patches(frames: list[Image.Image], item: dict, dtype: str = "float32") -> np.ndarray:
     """[grid_t · grid_h · grid_w, 1176] patches of one image (one frame) or video: float32
     normalized, or (``dtype="uint8"``) the raw 8-bit values (``normalize_qwen2_vl``)."""
-    return qwen2_vl_patches_of_rgb8(
-        resized_rgb8(frames, item["resized_height"], item["resized_width"]), item, dtype
-    )
+    rows = qwen2_vl_rows(item)
+    out = np.empty((rows, ROW_VALUES), np.uint8)
+    expand_patches8(qwen2_vl_patches8(frames, item), out)
+    return out if dtype == "uint8" else normalize_qwen2_vl(out)
 
 
-def qwen2_vl_patches_of_rgb8(rgb: np.ndarray, item: dict, dtype: str = "float32") -> np.ndarray:
-    """Patches of frames already resized to the item's size (``resized_rgb8``; prepared media)."""
+ROW_VALUES = 3 * TEMPORAL * PATCH * PATCH  # 1176 values per Qwen2-VL patch row
+
+
+def qwen2_vl_rows(item: dict) -> int:
+    """Patch rows of one item: grid_t · grid_h · grid_w."""
+    return item["grid_t"] * item["grid_h"] * item["grid_w"]
+
+
+def qwen2_vl_patches8(frames: list[Image.Image], item: dict) -> np.ndarray:
+    """One item's 8-bit patches in transformers' order, compact: [rows, 3, F, 14 · 14] with
+    F = 1 for an image (the processor's two temporal copies are the same frame, kept once)
+    and F = 2 for a video (each row's two frames). ``expand_patches8`` makes the 1176-wide
+    rows; prepared media (``media_encoding: patches8``) store exactly these bytes."""
     t, h, w = item["grid_t"], item["grid_h"], item["grid_w"]
     height, width = item["resized_height"], item["resized_width"]
     if (height // PATCH, width // PATCH) != (h, w):
         raise MediaDecodeError(f"{item['uri']}: grid {h}x{w} does not match resized size {height}x{width}")
-    if rgb.shape[1:] != (height, width, 3):
-        raise MediaDecodeError(f"{item['uri']}: frames of {rgb.shape[1:3]}, the grid needs {height}x{width}")
-    pixels = rgb.transpose(0, 3, 1, 2)  # [frames, 3, H, W]
-    if len(pixels) == 1:
-        pixels = np.repeat(pixels, TEMPORAL * t, axis=0)
-    if len(pixels) != TEMPORAL * t:
-        raise MediaDecodeError(f"{item['uri']}: {len(pixels)} frames for grid_t {t}")
-    patches = pixels.reshape(t, TEMPORAL, 3, h // MERGE, MERGE, PATCH, w // MERGE, MERGE, PATCH)
-    patches = np.ascontiguousarray(patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8))
-    patches = patches.reshape(t * h * w, 3 * TEMPORAL * PATCH * PATCH)
-    return patches if dtype == "uint8" else normalize_qwen2_vl(patches)
+    depth = _depth(item)
+    if len(frames) != (1 if depth == 1 else TEMPORAL * t) or (depth == 1 and t != 1):
+        raise MediaDecodeError(f"{item['uri']}: {len(frames)} frames for grid_t {t}")
+    rgb = resized_rgb8(frames, height, width)  # [frames, H, W, 3]
+    grid = rgb.reshape(t, depth, h // MERGE, MERGE, PATCH, w // MERGE, MERGE, PATCH, 3)
+    compact = grid.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t, h/2, w/2, 2, 2, c, depth, 14, 14
+    return np.ascontiguousarray(compact).reshape(t * h * w, 3, depth, PATCH * PATCH)
 
 
-QWEN2_VL_PATCH_CHANNEL = np.arange(3 * TEMPORAL * PATCH * PATCH) // (TEMPORAL * PATCH * PATCH)
+def _depth(item: dict) -> int:
+    """Frames per patch row as stored: 1 for an image (or a one-frame video), else 2."""
+    single = item["kind"] == "image" or len(item["frame_indices"]) == 1
+    return 1 if single else TEMPORAL
+
+
+def expand_patches8(compact: np.ndarray, out: np.ndarray) -> None:
+    """Write compact patches ([rows, 3, F, 196], F = 1 or 2) into ``out`` [rows, 1176] uint8:
+    one pass, an image's frame broadcast to both temporal slots."""
+    out.reshape(len(out), 3, TEMPORAL, PATCH * PATCH)[...] = compact
+
+
+def compact_patches8(data: np.ndarray | bytes, item: dict) -> np.ndarray:
+    """Prepared media bytes (``qwen2_vl_patches8``) as [rows, 3, F, 196], checked against the grid."""
+    shape = (qwen2_vl_rows(item), 3, _depth(item), PATCH * PATCH)
+    values = np.frombuffer(data, np.uint8)
+    if values.size != int(np.prod(shape)):
+        raise MediaDecodeError(f"{item['uri']}: {values.size} prepared bytes, the grid needs {shape}")
+    return values.reshape(shape)
+
+
+QWEN2_VL_PATCH_CHANNEL = np.arange(ROW_VALUES) // (TEMPORAL * PATCH * PATCH)
 QWEN2_VL_PATCH_MEAN, QWEN2_VL_PATCH_STD = CLIP_MEAN[QWEN2_VL_PATCH_CHANNEL], CLIP_STD[QWEN2_VL_PATCH_CHANNEL]
 
 

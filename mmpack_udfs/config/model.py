@@ -353,8 +353,8 @@ class PackConfig(Section):
     )
     media: Annotated[str, _choice("original", "prepared")] = Field(
         "original",
-        description="embedded media as the `original` files' bytes, or `prepared`: 8-bit frames already "
-        "resized to their grid (qwen2_vl; the loader only patchifies; larger shards)",
+        description="embedded media as the `original` files' bytes, or `prepared`: 8-bit patches already "
+        "at their grid (qwen2_vl; the loader only copies them out; larger shards)",
     )
     embed_media: Flag = Field(
         True, description="store every media file's bytes in the shard; `false`: URIs only"

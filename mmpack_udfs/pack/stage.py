@@ -286,8 +286,8 @@ def write_placed_shard(
 
 def _media_reader(storage: fs.Storage, prepared: bool) -> Callable[[dict], bytes]:
     """The bytes to embed for a media item: its file's, read once per file per task; or,
-    ``prepared``, its frames decoded and resized to the item's grid (8-bit RGB, frames ×
-    height × width × 3; ``loader.vision.resized_rgb8``, the resize transformers does)."""
+    ``prepared``, its 8-bit Qwen2-VL patches at the item's grid, in transformers' order
+    (``loader.vision.qwen2_vl_patches8``: the loader only copies them out)."""
     from loader import vision  # shipped in the executor zip; numpy and Pillow only
 
     cache: dict[str, bytes] = {}
@@ -303,7 +303,7 @@ def _media_reader(storage: fs.Storage, prepared: bool) -> Callable[[dict], bytes
             frames = [vision.decode_image(data)]
         else:
             frames = vision.decode_frames(data, item["frame_indices"], item["uri"])
-        return vision.resized_rgb8(frames, item["resized_height"], item["resized_width"]).tobytes()
+        return vision.qwen2_vl_patches8(frames, item).tobytes()
 
     return prepare if prepared else (lambda item: read(item["uri"]))
 
@@ -434,7 +434,7 @@ def build_manifest(
         "budget": settings.budget,
         "second_budget": {"by": settings.second_by, "max": settings.second_budget},
         "media_embedded": settings.embed_media,
-        "media_encoding": "rgb8" if settings.media == "prepared" else "file",
+        "media_encoding": "patches8" if settings.media == "prepared" else "file",
         "bins_per_row_group": settings.bins_per_row_group,
         "totals": {
             "shards": len(shard_list),

@@ -202,12 +202,12 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
 
 
 def _media_kind(manifest: Mapping[str, Any]) -> str:
-    """How the shards hold media: the original files, prepared 8-bit frames, or URIs only."""
+    """How the shards hold media: the original files, prepared 8-bit patches, or URIs only."""
     if not manifest.get("media_embedded", True):
         return "referenced by URI"
     return (
-        "prepared (8-bit frames at their grid)"
-        if manifest.get("media_encoding") == "rgb8"
+        "prepared (8-bit patches at their grid)"
+        if manifest.get("media_encoding") == "patches8"
         else "original files"
     )
 

@@ -32,9 +32,9 @@ def items(packed, **options) -> list[dict]:
 def test_prepared_shards_give_the_pixels_the_original_files_give(packed_demo, prepared_demo):
     original = json.loads((packed_demo / "packed" / "manifest.json").read_text())
     prepared = json.loads((prepared_demo / "packed" / "manifest.json").read_text())
-    assert (original["media_encoding"], prepared["media_encoding"]) == ("file", "rgb8")
+    assert (original["media_encoding"], prepared["media_encoding"]) == ("file", "patches8")
     assert prepared["totals"]["bins"] == original["totals"]["bins"]
-    assert prepared["totals"]["bytes"] > original["totals"]["bytes"]  # resized 8-bit frames
+    assert prepared["totals"]["bytes"] > original["totals"]["bytes"]  # resized 8-bit patches
     from_files, from_prepared = items(packed_demo / "packed"), items(prepared_demo / "packed")
     assert [i["sample_ids"] for i in from_files] == [i["sample_ids"] for i in from_prepared]
     compared = {key: 0 for key in PIXELS}
@@ -76,3 +76,14 @@ def test_prepared_media_need_embedding_and_a_qwen2_vl_profile():
         with pytest.raises(ConfigError, match=needs):
             load_config(None, ["pack.media=prepared", other])
     assert load_config(None, ["pack.media=prepared"]).pack.media == "prepared"
+
+
+def test_a_media_encoding_this_loader_does_not_know_is_refused(packed_demo, tmp_path):
+    import shutil
+
+    copy = tmp_path / "packed"
+    shutil.copytree(packed_demo / "packed", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "media_encoding": "rgb8"}))
+    with pytest.raises(ValueError, match="media_encoding 'rgb8' is not one this loader reads"):
+        PackedDataset(str(copy))

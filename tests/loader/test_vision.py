@@ -107,3 +107,37 @@ def test_jpegs_decode_to_the_pixels_pillow_gives(mode, tmp_path):
         expected = np.asarray(image.convert("RGB"))
     assert (vision._jpeg_rgb(data) is not None) == (mode != "CMYK")
     assert np.array_equal(np.asarray(vision.decode_image(data)), expected)
+
+
+def processor_video_patches(frames: np.ndarray, t: int, h: int, w: int) -> np.ndarray:
+    """transformers' Qwen2-VL patch layout for [2t, 3, H, W] frames, written out as its
+    processor reshapes them (channels, then the two frames of a temporal patch, then 14 × 14)."""
+    grid = frames.reshape(t, 2, 3, h // 2, 2, 14, w // 2, 2, 14).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return grid.reshape(t * h * w, 1176)
+
+
+def test_video_patches_follow_the_processor_layout_and_compact_bytes_round_trip():
+    rng = np.random.default_rng(7)
+    item = {"kind": "video", "uri": "v.mp4", "frame_indices": [0, 3, 6, 9],
+            "grid_t": 2, "grid_h": 4, "grid_w": 6, "resized_height": 56, "resized_width": 84}  # fmt: skip
+    frames = [Image.fromarray(rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)) for _ in range(4)]
+    chw = np.stack([np.asarray(f) for f in frames]).transpose(0, 3, 1, 2)
+    expected = processor_video_patches(chw, 2, 4, 6)
+    assert np.array_equal(vision.qwen2_vl_patches(frames, item, "uint8"), expected)
+    compact = vision.qwen2_vl_patches8(frames, item)
+    out = np.empty((48, 1176), np.uint8)
+    vision.expand_patches8(vision.compact_patches8(compact.tobytes(), item), out)
+    assert np.array_equal(out, expected)
+    with pytest.raises(vision.MediaDecodeError, match="prepared bytes, the grid needs"):
+        vision.compact_patches8(compact.tobytes()[:-1], item)
+    with pytest.raises(vision.MediaDecodeError, match="3 frames for grid_t 2"):
+        vision.qwen2_vl_patches8(frames[:3], item)
+
+
+def test_an_image_is_stored_once_and_fills_both_temporal_slots():
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (30, 45, 3), dtype=np.uint8))
+    item = planned(image)
+    compact = vision.qwen2_vl_patches8([image], item)
+    assert compact.shape[2] == 1  # half the bytes of the 1176-wide rows
+    rows = vision.qwen2_vl_patches([image], item, "uint8").reshape(len(compact), 3, 2, 196)
+    assert np.array_equal(rows[:, :, 0], compact[:, :, 0]) and np.array_equal(rows[:, :, 1], compact[:, :, 0])
