@@ -20,8 +20,10 @@ def describe_epoch(
     epoch: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
+    show_steps: int | None = None,
 ) -> int:
-    """Print one line per step of one epoch; return the number of steps."""
+    """Read one epoch; print one line per step (the first ``show_steps`` only, when given)
+    and a summary; return the number of steps."""
     dataset = PackedDataset(manifest_uri, rank=rank, world_size=world_size)
     dataset.set_epoch(epoch)
     loader = DataLoader(dataset, batch_size=bins_per_step, collate_fn=collate_packed, num_workers=workers)
@@ -37,14 +39,18 @@ def describe_epoch(
                 vision += f", {key} {tuple(batch[key].shape)}"
         meta = batch.meta
         filler = f", {meta['fillers']} filler bin(s)" if meta["fillers"] else ""
+        tokens += meta["num_tokens"]
+        if show_steps is not None and steps > show_steps:
+            continue
         print(
             f"  step {steps:3d}: input_ids {tuple(batch['input_ids'].shape)}, "
             f"position_ids {tuple(batch['position_ids'].shape)}, {len(meta['sample_ids'])} samples, "
             f"max_length {batch['max_length_q']}, {meta['supervised_tokens']} supervised{vision}{filler}"
         )
-        tokens += meta["num_tokens"]
+    if show_steps is not None and steps > show_steps:
+        print(f"  ... {steps - show_steps} more steps")
     seconds = time.perf_counter() - started
-    print(f"loader: {steps} steps, {tokens:,} tokens in {seconds:.1f} s")
+    print(f"loader: {steps} steps, {tokens:,} tokens in {seconds:.1f} s ({tokens / seconds:,.0f} tokens/s)")
     return steps
 
 
@@ -56,8 +62,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epoch", type=int, default=0)
     parser.add_argument("--rank", type=int, default=None, help="read as this data-parallel rank")
     parser.add_argument("--world-size", type=int, default=None)
+    parser.add_argument("--show-steps", type=int, default=None, help="print only the first N steps")
     args = parser.parse_args(argv)
-    describe_epoch(args.manifest, args.bins_per_step, args.workers, args.epoch, args.rank, args.world_size)
+    describe_epoch(
+        args.manifest,
+        args.bins_per_step,
+        args.workers,
+        args.epoch,
+        args.rank,
+        args.world_size,
+        show_steps=args.show_steps,
+    )
     return 0
 
 

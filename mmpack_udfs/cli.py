@@ -50,7 +50,9 @@ def add_config_file_options(parser: argparse.ArgumentParser, example: str) -> No
 
 
 def add_verbose_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--verbose", action="store_true", help="on an unexpected failure, show the traceback")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show Spark's own log lines, and the traceback of a failure"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -89,7 +91,7 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     from mmpack_udfs.io.spark import get_spark
 
     with locked_run(args, stages) as ctx:  # one writer per root
-        spark = get_spark(ctx.config.spark, args.master)
+        spark = get_spark(ctx.config.spark, args.master, verbose=args.verbose)
         started = time.time()
         for number, name in enumerate(stages, start=1):
             if len(stages) > 1:
@@ -161,6 +163,9 @@ def run_demo_data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+DEMO_STEPS_SHOWN = 3  # the demo's loader epoch: the first steps, then a summary
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Generate demo data under OUT/input, run the pipeline on it into OUT and validate it."""
     from mmpack_udfs.demo import data as demo_data
@@ -175,7 +180,7 @@ def run_demo(args: argparse.Namespace) -> int:
     except ImportError as err:
         print(f"(skipping the loader epoch: {err})")
         return EXIT_OK
-    describe_epoch(str(out.resolve() / "packed"))
+    describe_epoch(str(out.resolve() / "packed"), show_steps=DEMO_STEPS_SHOWN)
     return EXIT_OK
 
 

@@ -151,7 +151,9 @@ class SparkConfig(Section):
     master: Text = Field("local[*]", description="Spark master of the embedded session (`--master`); "
                          "ignored under spark-submit")  # fmt: skip
     app_name: Text = Field("mmpack", description="Spark application name")
-    log_level: LogLevel = Field("WARN", description="Spark log level")
+    log_level: LogLevel = Field(
+        "ERROR", description="Spark's log level (`--verbose`: Spark's start-up lines and at least WARN)"
+    )
     conf: dict[str, SparkSetting] = Field(
         default_factory=lambda: {
             "spark.sql.shuffle.partitions": "8",

@@ -3,12 +3,20 @@
 Under spark-submit the session takes the master and settings spark-submit passed;
 everywhere, settings from the config's ``spark.conf`` apply, and the executor Python
 environment is set up the same way (``PYSPARK_PYTHON``, ``TOKENIZERS_PARALLELISM``).
+
+Quiet by default: an embedded JVM starts with ``log4j2.properties`` (errors only) and its
+stderr passes through a filter that drops the JVM's own start-up warnings, so a command
+prints only its own lines; ``verbose`` gives Spark's default logging back.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import threading
+from pathlib import Path
+from typing import IO
 
 import pyarrow as pa
 
@@ -26,7 +34,18 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def session_settings(spark_config: SparkConfig, master: str | None = None) -> dict[str, str]:
+QUIET_LOG4J = Path(__file__).with_name("log4j2.properties")
+JVM_NOISE = (  # printed to stderr directly (by the JVM; by Spark for a shell), not through log4j
+    "WARNING: Using incubator modules",
+    'Setting default log level to "',
+    "To adjust logging level use sc.setLogLevel(",
+)
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+def session_settings(
+    spark_config: SparkConfig, master: str | None = None, verbose: bool = False
+) -> dict[str, str]:
     """Every Spark setting the session is built with, as strings (pure; easy to test)."""
     settings = {"spark.app.name": spark_config.app_name}
     if not under_spark_submit():
@@ -39,22 +58,57 @@ def session_settings(spark_config: SparkConfig, master: str | None = None) -> di
     settings["spark.sql.execution.arrow.pyspark.enabled"] = "true"
     for key, value in spark_config.conf.items():
         settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+    if not verbose and not under_spark_submit():
+        quiet = f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"
+        settings[DRIVER_JAVA_OPTIONS] = f"{settings.get(DRIVER_JAVA_OPTIONS, '')} {quiet}".strip()
     return settings
 
 
-def get_spark(spark_config: SparkConfig, master: str | None = None):
+def log_level(spark_config: SparkConfig, verbose: bool) -> str:
+    """The level set once the session runs: the config's, at least WARN when ``verbose``."""
+    level = spark_config.log_level.upper()
+    return "WARN" if verbose and level in ("ERROR", "FATAL", "OFF") else level
+
+
+def get_spark(spark_config: SparkConfig, master: str | None = None, verbose: bool = False):
     """Build (or reuse) the SparkSession for a job; returns ``pyspark.sql.SparkSession``."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in EXECUTOR_ENV.items():
         os.environ.setdefault(key, value)
+    settings = session_settings(spark_config, master, verbose)
+    if not verbose and not under_spark_submit() and SparkContext._active_spark_context is None:
+        conf = SparkConf().setAll(list(settings.items()))
+        SparkContext(conf=conf, gateway=_filtered_gateway(conf))
     builder = SparkSession.builder
-    for key, value in session_settings(spark_config, master).items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(spark_config.log_level.upper())
+    spark.sparkContext.setLogLevel(log_level(spark_config, verbose))
     return spark
+
+
+def _filtered_gateway(conf):
+    """Start the JVM with its stderr through ``forward_stderr`` (drops ``JVM_NOISE``)."""
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    thread = threading.Thread(
+        target=forward_stderr, args=(gateway.proc.stderr, sys.stderr), name="spark-stderr", daemon=True
+    )
+    thread.start()
+    return gateway
+
+
+def forward_stderr(source: IO[bytes], sink: IO[str]) -> None:
+    """Copy the JVM's stderr (and its Python workers') line by line, except ``JVM_NOISE``."""
+    for raw in iter(source.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if not line.startswith(JVM_NOISE):
+            sink.write(line)
+            sink.flush()
 
 
 TASK_COLUMN = "_mmpack_task"
