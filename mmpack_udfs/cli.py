@@ -88,6 +88,7 @@ def preflight(ctx: RunContext, stages: Sequence[str]) -> None:
 
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
+    from mmpack_udfs.io.progress import stage_progress
     from mmpack_udfs.io.spark import get_spark
 
     with locked_run(args, stages) as ctx:  # one writer per root
@@ -97,7 +98,8 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
             if len(stages) > 1:
                 elapsed = time.time() - started
                 print(f"[{number}/{len(stages)}] {name} ...  ({elapsed:.0f} s elapsed)", flush=True)
-            stage(name).run(spark, ctx)
+            with stage_progress(spark, name, ctx.config.spark.progress_seconds):
+                stage(name).run(spark, ctx)
     if len(stages) > 1:
         print(f"pipeline done: {', '.join(stages)} in {time.time() - started:.1f} s")
     return EXIT_OK

@@ -129,6 +129,7 @@ NonNegativeInt = Annotated[int, _rule("must be a non-negative integer", _whole(0
 OptionalPositiveInt = Annotated[int | None, _rule("must be a positive integer or null", _optional(_whole(1)))]
 Seconds = Annotated[int | float, _rule("must be a positive number of seconds", _positive)]
 Cost = Annotated[float, _rule("must be a finite number >= 0", _cost)]
+Seconds = Cost  # the same rule: a finite number >= 0
 Flag = Annotated[bool, _rule("must be true or false", _flag)]
 Text = Annotated[str, _rule("must be a non-empty string", _text)]
 OptionalText = Annotated[str | None, _rule("must be a non-empty string or null", _optional(_text))]
@@ -153,6 +154,10 @@ class SparkConfig(Section):
     app_name: Text = Field("mmpack", description="Spark application name")
     log_level: LogLevel = Field(
         "ERROR", description="Spark's log level (`--verbose`: Spark's start-up lines and at least WARN)"
+    )
+    progress_seconds: Seconds = Field(
+        10, description="seconds between progress lines of a stage when stderr is not a terminal "
+        "(CI, Airflow); on a terminal one line updates in place; `0`: no progress"
     )
     conf: dict[str, SparkSetting] = Field(
         default_factory=lambda: {

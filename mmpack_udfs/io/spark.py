@@ -11,6 +11,7 @@ prints only its own lines; ``verbose`` gives Spark's default logging back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -40,6 +41,7 @@ JVM_NOISE = (  # printed to stderr directly (by the JVM; by Spark for a shell), 
     'Setting default log level to "',
     "To adjust logging level use sc.setLogLevel(",
 )
+JVM_NOISE_BYTES = tuple(text.encode() for text in JVM_NOISE)
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
@@ -95,20 +97,20 @@ def _filtered_gateway(conf):
     from pyspark.java_gateway import launch_gateway
 
     gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
-    thread = threading.Thread(
-        target=forward_stderr, args=(gateway.proc.stderr, sys.stderr), name="spark-stderr", daemon=True
-    )
-    thread.start()
+    forwarder = threading.Thread(target=forward_stderr, args=(gateway.proc.stderr,), daemon=True)
+    forwarder.start()
     return gateway
 
 
-def forward_stderr(source: IO[bytes], sink: IO[str]) -> None:
-    """Copy the JVM's stderr (and its Python workers') line by line, except ``JVM_NOISE``."""
-    for raw in iter(source.readline, b""):
-        line = raw.decode("utf-8", "replace")
-        if not line.startswith(JVM_NOISE):
-            sink.write(line)
-            sink.flush()
+def forward_stderr(source: IO[bytes], fd: int = 2) -> None:
+    """Copy the JVM's stderr (and its Python workers') line by line to ``fd``, except
+    ``JVM_NOISE``. It never stops reading while the JVM lives: a JVM whose stderr pipe
+    fills up would block."""
+    for line in iter(source.readline, b""):
+        if line.startswith(JVM_NOISE_BYTES):
+            continue
+        with contextlib.suppress(OSError):  # nowhere to write: drop the line, keep draining
+            os.write(fd, line)
 
 
 TASK_COLUMN = "_mmpack_task"

@@ -38,3 +38,27 @@ def test_one_task_per_row_gives_every_item_its_own_task(spark, items):
     per_task = tasks.map(lambda rows: [r["index"] for r in rows]).collect()
     assert [i for task in per_task for i in task] == list(range(items))
     assert all(len(task) == 1 for task in per_task) if items else per_task in ([], [[]])
+
+
+def test_quiet_logging_is_the_default_and_verbose_gives_spark_its_own(monkeypatch):
+    from mmpack_udfs.io.spark import DRIVER_JAVA_OPTIONS, QUIET_LOG4J, log_level
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert QUIET_LOG4J.is_file()  # shipped with the package (pyproject package-data)
+    given = SparkConfig(conf={DRIVER_JAVA_OPTIONS: "-Xss4m"})
+    options = session_settings(given)[DRIVER_JAVA_OPTIONS]
+    assert options.startswith("-Xss4m ") and f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}" in options
+    assert session_settings(given, verbose=True)[DRIVER_JAVA_OPTIONS] == "-Xss4m"
+    assert (log_level(SparkConfig(), False), log_level(SparkConfig(), True)) == ("ERROR", "WARN")
+    assert log_level(SparkConfig(log_level="INFO"), True) == "INFO"
+
+
+def test_the_jvm_stderr_filter_drops_its_start_up_lines_and_keeps_the_rest(tmp_path):
+    import io
+
+    from mmpack_udfs.io.spark import forward_stderr
+
+    jvm = b"WARNING: Using incubator modules: jdk.incubator.vector\nTraceback: a real error\n"
+    with open(tmp_path / "err", "wb") as sink:
+        forward_stderr(io.BytesIO(jvm), sink.fileno())
+    assert (tmp_path / "err").read_bytes() == b"Traceback: a real error\n"
