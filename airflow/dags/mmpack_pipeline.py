@@ -63,7 +63,7 @@ PIPELINE = load_pipeline(MMPACK_HOME)
 MANIFEST_ASSET = Asset(name="mmpack_packed_manifest", uri="x-mmpack://packed-manifest")
 PACKED_MANIFEST = "packed/manifest.json"  # under the output root (mmpack_udfs.schemas.manifest_uri)
 
-ABSOLUTE = r"^(/|s3://)"  # workers may run anywhere: no relative paths
+ABSOLUTE = r"^(/|s3a?://|s3n://)"  # workers may run anywhere: no relative paths
 PARAMS = {
     "input": Param(
         type="string",

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
+from mmpack_udfs.io.fs import S3_SCHEMES
+
 SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 
 
@@ -306,7 +308,7 @@ class NormalizeConfig(Section):
 
 def _tokenizer_dir(value: Any) -> str | None:
     path = _optional(_text)(value)
-    if path is None or path.startswith("s3://") or os.path.isdir(path):
+    if path is None or path.startswith(S3_SCHEMES) or os.path.isdir(path):
         return path
     raise PydanticCustomError(
         "mmpack",

@@ -1,8 +1,11 @@
 """One way to reach files: local paths and s3:// URIs through pyarrow.fs.
 
 Spark has no S3 connector here (no hadoop-aws), so executors and the driver open S3
-objects themselves with ``pyarrow.fs.S3FileSystem``; credentials come from the
-standard AWS chain and are never logged.
+objects themselves with ``pyarrow.fs.S3FileSystem``, and Delta tables go through delta-rs.
+Both take credentials from the standard AWS chain (environment, shared credentials and
+config files with ``AWS_PROFILE``, web identity, container and instance roles), never
+from mmpack's config, and they are never logged. ``s3a://`` and ``s3n://`` (what Spark
+users write) are the same as ``s3://``; mmpack writes ``s3://``.
 """
 
 from __future__ import annotations
@@ -40,8 +43,16 @@ class S3Options:
         return cls(**values)
 
 
+S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+
 def is_s3(uri: str) -> bool:
-    return uri.startswith("s3://")
+    return uri.startswith(S3_SCHEMES)
+
+
+def _s3_path(uri: str) -> str:
+    """``bucket/key`` of an S3 URI in any of ``S3_SCHEMES``."""
+    return uri.split("://", 1)[1]
 
 
 def join(base: str, *parts: str) -> str:
@@ -69,9 +80,10 @@ def _s3_filesystem(options: S3Options) -> pafs.S3FileSystem:
 
 
 def normalize_uri(uri: str) -> str:
-    """An absolute local path or an s3:// URI, without a trailing slash."""
+    """An absolute local path or an s3:// URI (from s3a:// and s3n:// too), without a
+    trailing slash."""
     if is_s3(uri):
-        return uri.rstrip("/")
+        return f"s3://{_s3_path(uri)}".rstrip("/")
     return os.path.abspath(uri[len("file://") :] if uri.startswith("file://") else uri)
 
 
@@ -86,16 +98,23 @@ class Storage:
     def filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
         """The filesystem for ``uri`` and the path to use on it."""
         if is_s3(uri):
-            return _s3_filesystem(self.s3), uri[len("s3://") :]
+            return _s3_filesystem(self.s3), _s3_path(uri)
         path = uri[len("file://") :] if uri.startswith("file://") else uri
         return pafs.LocalFileSystem(), os.path.abspath(path)
 
     def delta_options(self, uri: str) -> dict[str, str] | None:
-        """delta-rs storage options for an s3:// table (credentials from the AWS chain)."""
+        """delta-rs storage options for an S3 table: the ``s3`` section's endpoint, and the
+        region pyarrow's S3 resolves (the config's, else the AWS chain's); credentials from
+        the whole AWS default chain (``AWS_FORCE_CREDENTIAL_LOAD``: without it delta-rs
+        reads only environment variables and instance metadata, not profiles)."""
         if not is_s3(uri):
             return None
         s3 = self.s3
-        options = {"AWS_S3_ALLOW_UNSAFE_RENAME": "true", "AWS_REGION": s3.region or "us-east-1"}
+        options = {
+            "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+            "AWS_FORCE_CREDENTIAL_LOAD": "true",
+            "AWS_REGION": s3.region or _s3_filesystem(s3).region or "us-east-1",
+        }
         if s3.endpoint_override:
             endpoint = s3.endpoint_override
             if "://" not in endpoint:
@@ -103,9 +122,6 @@ class Storage:
             options["AWS_ENDPOINT_URL"] = endpoint
             if endpoint.startswith("http://"):
                 options["AWS_ALLOW_HTTP"] = "true"
-        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-            if os.environ.get(key):
-                options[key] = os.environ[key]
         return options
 
     def expand(self, pattern: str) -> list[str]:

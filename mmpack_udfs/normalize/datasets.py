@@ -137,7 +137,9 @@ def _items(section: ColumnsConfig | TagsConfig) -> tuple[tuple[str, Any], ...]:
 
 
 def _resolve(path: str, base: str) -> str:
-    """``path`` against the config file's folder, unless absolute or s3://."""
-    if path.startswith("s3://") or os.path.isabs(path):
+    """``path`` against the config file's folder, unless absolute or on S3 (as s3://)."""
+    if fs.is_s3(path):
+        return fs.normalize_uri(path)
+    if os.path.isabs(path):
         return path
     return os.path.normpath(os.path.join(base, path))
