@@ -54,7 +54,7 @@ lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 dist: setup
-	$(BIN)/python tools/make_dist.py dist
+	$(BIN)/python tools/make_dist.py dist --wheel
 
 # conf/defaults.yaml and the README's configuration reference, from mmpack_udfs/config/model.py
 config-docs: setup

@@ -22,16 +22,49 @@ STAGE_COMMANDS = [  # (command, the stages it runs, help): `run` and one command
     ("run", list(PIPELINE), f"the whole pipeline: {' → '.join(PIPELINE)} (+ report)"),
     *[(s.name, [s.name], s.help) for s in STAGES],
 ]
+RUN_OPTIONS = {  # config key → (option, its help)
+    "run_id": ("--run-id", "run id for idempotent commits (config key 'run_id'; default: from the inputs)"),
+    "mode": ("--mode", "how the Delta tables are written: overwrite or append (config key 'mode')"),
+}
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """The options every Spark stage takes (the same for the CLI and spark-submit jobs)."""
+def add_out_option(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--out, the same in every command: required unless the command has a default."""
+    parser.add_argument(
+        "--out",
+        metavar="DIR|s3://...",
+        required=default is None,
+        default=default,
+        help="output root (config key 'output')" + (f"; default {default}" if default else ""),
+    )
+
+
+def add_stage_options(parser: argparse.ArgumentParser, stages: Sequence[str]) -> None:
+    """The options of a command that runs ``stages`` on Spark: config, --out, the run options
+    those stages use, --master."""
     add_config_file_options(parser, "normalize.max_image_pixels=1e8")
-    parser.add_argument("--out", metavar="DIR|s3://...", help="output root (config key 'output')")
-    parser.add_argument("--run-id", help="run id for idempotent commits (config key 'run_id')")
-    parser.add_argument("--mode", choices=["overwrite", "append"], help="table write mode")
-    parser.add_argument("--master", help="Spark master (default: config spark.master, local[*])")
+    add_out_option(parser)
+    used = {option for name in stages for option in stage(name).run_options}
+    for key, (option, about) in RUN_OPTIONS.items():
+        if key in used:
+            kwargs = {"choices": ["overwrite", "append"]} if key == "mode" else {}
+            parser.add_argument(option, help=about, **kwargs)
+    add_master_option(parser)
     add_verbose_option(parser)
+
+
+def add_master_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", help="Spark master (default: config spark.master, local[*])")
+
+
+def stage_description(stages: Sequence[str], about: str) -> str:
+    """A command's help page: what it does, then what each stage reads and writes under OUT."""
+    lines = [about[:1].upper() + about[1:] + "."]
+    for name in stages:
+        s = stage(name)
+        reads = ", ".join("the configured datasets" if r == "datasets" else f"OUT/{r}" for r in s.reads)
+        lines.append(f"{name}: reads {reads}; writes {', '.join(f'OUT/{w}' for w in s.writes)}.")
+    return "\n".join(lines)
 
 
 def add_config_file_options(parser: argparse.ArgumentParser, example: str) -> None:
@@ -56,11 +89,13 @@ def add_verbose_option(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
+    """The checked config of a command: --config, --set, and the options that set keys."""
     overrides = list(args.overrides)
-    for key, value in (("output", args.out), ("run_id", args.run_id), ("mode", args.mode)):
+    for key in ("output", "run_id", "mode"):
+        value = getattr(args, "out" if key == "output" else key, None)
         if value is not None:
             overrides.append(f"{key}={value}")
-    return load_config(args.config, overrides)
+    return load_config(getattr(args, "config", None), overrides)
 
 
 @contextmanager
@@ -108,7 +143,7 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from mmpack_udfs.report import pack_report as report
 
-    ctx = RunContext.of(load_config(args.config, [f"output={args.out}"]))
+    ctx = RunContext.of(config_from_args(args))
     report.write_report(ctx.output, ctx.storage)
     return EXIT_OK
 
@@ -186,6 +221,9 @@ def run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+RAW = argparse.RawDescriptionHelpFormatter  # descriptions keep their line breaks
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmpack",
@@ -194,13 +232,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for name, stages, about in STAGE_COMMANDS:
-        p = commands.add_parser(name, help=about)
-        add_config_options(p)
+        p = commands.add_parser(
+            name, help=about, description=stage_description(stages, about), formatter_class=RAW
+        )
+        add_stage_options(p, stages)
         p.set_defaults(func=partial(run_stages, stages=stages))
 
-    p = commands.add_parser("report", help="print and write the packing report of an output root")
-    p.add_argument("out", metavar="OUT", help="output root of a pipeline run (local or s3://)")
-    p.add_argument("--config", metavar="FILE", help="YAML config (its storage section is used)")
+    p = commands.add_parser(
+        "report",
+        help="print and write the packing report of an output root",
+        description="Reads OUT/packed/manifest.json, the cost index and OUT/report/*.json; writes "
+        "OUT/report/pack.json, the plots (PNG) and OUT/report/index.html. No Spark.",
+    )
+    add_out_option(p)
+    add_config_file_options(p, "s3.region=eu-west-1")
     add_verbose_option(p)
     p.set_defaults(func=run_report)
 
@@ -224,10 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=run_balance_report)
 
     p = commands.add_parser(
-        "gc", help="delete shard files of failed or superseded packs (never published ones)"
+        "gc",
+        help="delete shard files of failed or superseded packs (never published ones)",
+        description="Reads OUT/packed (the live manifest and the shard folders); deletes shard files "
+        "that no published manifest names. No Spark.",
     )
-    add_config_options(p)
+    add_out_option(p)
+    add_config_file_options(p, "s3.region=eu-west-1")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    add_verbose_option(p)
     p.set_defaults(func=run_gc)
 
     p = commands.add_parser(
@@ -248,11 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_verbose_option(p)
     p.set_defaults(func=run_demo_data)
 
-    p = commands.add_parser("demo", help="generate demo data, run the pipeline on it and validate it")
-    add_config_options(p)
+    p = commands.add_parser(
+        "demo",
+        help="generate demo data, run the pipeline on it and validate it",
+        description="Writes demo data to OUT/input, runs normalize → tokenize → pack → validate into OUT "
+        "and reads one epoch with the loader (when torch is installed).",
+    )
+    add_out_option(p, default="demo-out")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key of the demo's config (repeatable)",
+    )  # fmt: skip
+    add_master_option(p)
+    add_verbose_option(p)
     p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.set_defaults(func=run_demo, out="demo-out")
+    p.set_defaults(func=run_demo)
     return parser
 
 

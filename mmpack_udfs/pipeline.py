@@ -14,13 +14,16 @@ from typing import Any
 @dataclass(frozen=True)
 class Stage:
     """One stage: ``module.run(spark, ctx)`` reads ``reads`` and writes ``writes`` (paths under
-    the output root; ``datasets`` is the configured input)."""
+    the output root; ``datasets`` is the configured input). ``run_options``: the run-level
+    config keys that mean something to it (``run_id``: idempotent commits, ``mode``: how
+    its Delta tables are written); the CLI offers only those."""
 
     name: str
     help: str
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     module: str
+    run_options: tuple[str, ...] = ()
 
     def run(self, spark: Any, ctx: Any) -> dict[str, Any]:
         """Run the stage in ``spark`` for the run context ``ctx`` (``io.context.RunContext``)."""
@@ -34,6 +37,7 @@ STAGES: tuple[Stage, ...] = (
         reads=("datasets",),
         writes=("tables/samples", "tables/quarantine", "report/normalize.json"),
         module="mmpack_udfs.normalize.stage",
+        run_options=("run_id", "mode"),
     ),
     Stage(
         "tokenize",
@@ -41,6 +45,7 @@ STAGES: tuple[Stage, ...] = (
         reads=("tables/samples",),
         writes=("tables/tokenized", "tables/tokenize_quarantine", "report/tokenize.json"),
         module="mmpack_udfs.tokenize.stage",
+        run_options=("run_id", "mode"),
     ),
     Stage(
         "pack",
@@ -48,6 +53,7 @@ STAGES: tuple[Stage, ...] = (
         reads=("tables/tokenized",),
         writes=("packed/shards", "packed/manifest.json", "report/pack.json", "report/pack_skipped.json"),
         module="mmpack_udfs.pack.stage",
+        run_options=("run_id",),
     ),
     Stage(
         "validate",

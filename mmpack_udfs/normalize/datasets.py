@@ -32,6 +32,12 @@ COLUMN_NAMES = {  # LLaMA-Factory column → mmpack column (tags take LLaMA-Fact
 
 def specs_of(datasets: Iterable[DatasetConfig], storage: fs.Storage = fs.LOCAL) -> dict[str, DatasetSpec]:
     """Every dataset normalize reads, by name (dataset_info entries: ``<name>/<entry>``)."""
+    datasets = list(datasets)
+    if not datasets:
+        raise ConfigError(
+            "datasets: none configured; give a config file with a 'datasets' list (--config FILE; "
+            "README, 'Quickstart')"
+        )
     specs: dict[str, DatasetSpec] = {}
     for entry in datasets:
         for spec in _expand(entry, storage):

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from mmpack_udfs import schemas
-from mmpack_udfs.config import Config, ConfigError, config_hash
+from mmpack_udfs.config import Config, config_hash
 from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
@@ -35,8 +35,6 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     """Run the stage; return (and write, and print) the summary. Raises on reconciliation."""
     started = time.time()
     config, storage = ctx.config, ctx.storage
-    if not config.datasets:
-        raise ConfigError("no datasets configured: add a 'datasets' list to the config")
     specs = datasets.specs_of(config.datasets, storage)
     files = inputs.list_inputs(list(specs.values()), storage)
     run_id = ctx.run_id or derive_run_id(config, files)

@@ -31,6 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from mmpack_udfs.constants import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
 from mmpack_udfs.reasons import Reason, Rejected
 
@@ -202,9 +204,9 @@ class Qwen2VL(Profile):
     def sample_frames(self, total: int, video_fps: float) -> tuple[int, ...]:
         """Frame indices as transformers' Qwen2VLVideoProcessor.sample_frames picks them with
         ``fps`` (its module needs torchvision, absent here, so the rule is restated; the
-        tests compare against the original)."""
-        import torch
-
+        tests compare against the original). Its ``torch.arange(0, total, step).int()`` is
+        computed without torch (not a dependency of the pipeline): positions in float64,
+        rounded to float32, truncated, as torch does (a test compares the two)."""
         cfg, t = self.settings["video"], self.temporal_patch_size
         max_frames = math.floor(min(cfg["max_frames"], total) / t) * t
         wanted = total / video_fps * cfg["fps"]
@@ -212,7 +214,12 @@ class Qwen2VL(Profile):
         count = math.floor(wanted / t) * t
         if count <= 0:
             raise Rejected(Reason.MEDIA_UNSUPPORTED, f"video of {total} frames is too short to sample")
-        return tuple(torch.arange(0, total, total / count).int().tolist())
+        return tuple(torch_arange_int(total, total / count))
+
+
+def torch_arange_int(end: int, step: float) -> list[int]:
+    """``torch.arange(0, end, step).int().tolist()`` for a float ``step``, in numpy."""
+    return np.arange(0, end, step).astype(np.float32).astype(np.int64).tolist()
 
 
 class InternVL(Profile):

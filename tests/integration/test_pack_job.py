@@ -97,9 +97,9 @@ def test_report_json_and_plots(packed):
 
 def test_report_command(packed, capsys, tmp_path):
     out, _ = packed
-    assert cli.main(["report", str(out)]) == cli.EXIT_OK
+    assert cli.main(["report", "--out", str(out)]) == cli.EXIT_OK
     assert "fill" in capsys.readouterr().out
-    assert cli.main(["report", str(tmp_path)]) == cli.EXIT_FAILED
+    assert cli.main(["report", "--out", str(tmp_path)]) == cli.EXIT_FAILED
     assert "no manifest" in capsys.readouterr().err
 
 

@@ -25,14 +25,31 @@ def test_bad_config_exits_2_with_a_message(capsys, tmp_path):
 def test_no_datasets_exits_2(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: None)
     assert cli.main(["normalize", "--out", str(tmp_path)]) == cli.EXIT_BAD_CONFIG
-    assert "no datasets configured" in capsys.readouterr().err
+    assert "datasets: none configured" in capsys.readouterr().err
 
 
 def test_missing_input_exits_1(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: None)
     dataset = f"datasets=[{{name: a, paths: [{tmp_path}/none/*.jsonl], media_root: {tmp_path}}}]"
-    assert cli.main(["normalize", "--out", str(tmp_path), "--set", dataset]) == cli.EXIT_FAILED
+    args = ["normalize", "--out", str(tmp_path), "--set", dataset, "--set", "spark.progress_seconds=0"]
+    assert cli.main(args) == cli.EXIT_FAILED
     assert "no input files match" in capsys.readouterr().err
+
+
+def test_out_is_required_and_options_are_offered_only_where_they_act(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["pack"])
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    offered = {name: {o for a in p._actions for o in a.option_strings} for name, p in commands.items()}
+    assert {"--run-id", "--mode"} <= offered["normalize"] and {"--run-id", "--mode"} <= offered["run"]
+    assert "--run-id" in offered["pack"] and "--mode" not in offered["pack"]
+    assert not {"--run-id", "--mode"} & offered["validate"]
+    assert not {"--run-id", "--mode", "--master"} & (offered["gc"] | offered["report"])
+    assert "--config" not in offered["demo"]  # the demo writes its own
+    assert all("--out" in offered[c] for c in ("run", "normalize", "report", "gc", "demo", "balance-report"))
+    assert "reads OUT/tables/tokenized; writes OUT/packed/shards" in commands["pack"].format_help()
 
 
 def test_demo_data_command(tmp_path, capsys):

@@ -48,5 +48,5 @@ def test_the_cli_exits_with_the_errors_code(monkeypatch, capsys):
     parser = cli.build_parser()
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     parser._subparsers._group_actions[0].choices["report"].set_defaults(func=fail)
-    assert cli.main(["report", "somewhere"]) == 7
+    assert cli.main(["report", "--out", "somewhere"]) == 7
     assert capsys.readouterr().err.strip() == "mmpack: what went wrong, in one line"

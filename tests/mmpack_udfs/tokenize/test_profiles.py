@@ -50,3 +50,15 @@ def test_a_function_needing_more_than_imports_and_builtins_is_refused(tmp_path, 
     monkeypatch.delitem(importlib.sys.modules, "transformers", raising=False)
     with pytest.raises(LookupError, match="FACTOR"):
         profiles.smart_resize_from_source()
+
+
+def test_frame_positions_equal_torch_arange_without_torch():
+    """The pipeline has no torch; its frame positions equal transformers' torch.arange rule."""
+    import torch
+
+    from mmpack_udfs.tokenize.profiles import torch_arange_int
+
+    for total in range(1, 700, 3):
+        for count in range(2, total + 1, 2):
+            expected = torch.arange(0, total, total / count).int().tolist()
+            assert torch_arange_int(total, total / count) == expected, (total, count)
