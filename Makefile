@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-loader-media bench-balance clean
+.PHONY: setup java browser demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-loader-media bench-balance clean
 
 setup: java $(STAMP)
 
@@ -29,10 +29,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python tools/pin_spark_python.py $(VENV)  # .venv/bin/spark-submit works without PATH
 	touch $(STAMP)
 
+# The report page test renders OUT/report/index.html in Debian's Chromium.
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  echo "No Chromium found: installing Debian's chromium (the report page test)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; \
+	fi
+
 demo: setup
 	$(BIN)/mmpack demo --out $(OUT)
 
-test: setup
+test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 	$(MAKE) test-airflow

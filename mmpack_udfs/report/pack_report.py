@@ -1,7 +1,9 @@
 """The packing report: how well the bins are filled and how evenly they cost, from the shards.
 
-``mmpack report OUT`` (and the pack job) read manifest.json and the shards' per-bin
-figure columns (never the tokens) and write ``OUT/report/pack.json`` plus two PNG plots.
+``mmpack report --out OUT`` (and the pack job) read manifest.json and the shards' per-bin
+figure columns and media kinds (never the tokens or pixels) and write
+``OUT/report/pack.json``, the PNG plots (``report.plots``) and ``OUT/report/index.html``
+(``report.html``: the numbers, the plots and the quarantine reasons with examples).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import pyarrow.parquet as pq
 
 from mmpack_udfs import schemas
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.io import fs
+from mmpack_udfs.io import fs, tables
 from mmpack_udfs.pack import costs
+from mmpack_udfs.report import html, plots
 
 REPORT_NAME = "pack.json"
-FILL_PLOT, LENGTHS_PLOT, COST_PLOT = "bin_fill.png", "lengths.png", "bin_cost.png"
 COST_PLOT_RANKS = 8
+STAGE_REPORTS = ("normalize.json", "tokenize.json", "pack_skipped.json", "validate.json")
+EXAMPLES_PER_REASON = 3
 
 
 class ReportError(MmpackError, RuntimeError):
@@ -44,9 +48,15 @@ def read_figures(output: str, manifest: Mapping[str, Any], storage: fs.Storage =
     parts = []
     for shard in manifest["shards"]:
         filesystem, path = storage.filesystem(fs.join(root, shard["path"]))
-        parts.append(pq.read_table(path, columns=columns, filesystem=filesystem))
-    empty = pa.schema([schemas.SHARD.field(c) for c in columns]).empty_table()
-    return pa.concat_tables(parts) if parts else empty
+        with filesystem.open_input_file(path) as f:
+            parquet = pq.ParquetFile(f)
+            media = schemas.nested_field_paths(parquet.schema, "media", ["sample_index", "kind"])
+            parts.append(parquet.read(columns=columns + media))
+    if parts:
+        return pa.concat_tables(parts)
+    media_type = pa.list_(pa.struct([("sample_index", pa.int32()), ("kind", pa.string())]))
+    empty = pa.schema([*(schemas.SHARD.field(c) for c in columns), pa.field("media", media_type)])
+    return empty.empty_table()
 
 
 def statistics(manifest: Mapping[str, Any], figures: pa.Table) -> dict[str, Any]:
@@ -97,43 +107,7 @@ def _spread(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def sample_lengths(figures: pa.Table) -> np.ndarray:
-    """Every packed sample's length, from the bins' cu_seqlens."""
-    cu = figures.column("cu_seqlens").combine_chunks()
-    values = cu.flatten().to_numpy().astype(np.int64)
-    lengths = np.diff(values)
-    starts = cu.offsets.to_numpy()[1:-1] - 1  # the diff across a bin boundary is not a length
-    return np.delete(lengths, starts) if len(starts) else lengths
-
-
-def plot(figures: pa.Table, budget: int) -> dict[str, bytes]:
-    """PNG plots: the bin-fill histogram and the sample-length histogram."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots = {}
-    fill = figures.column("num_tokens").to_numpy() / budget
-    lengths = sample_lengths(figures)
-    for name, values, xlabel, title in (
-        (FILL_PLOT, fill, "bin fill (tokens / budget)", f"Bin fill, {len(fill):,} bins"),
-        (LENGTHS_PLOT, lengths, "sample length (tokens)", f"Sample lengths, {len(lengths):,} samples"),
-    ):
-        figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
-        axes.hist(values, bins=50, color="#3b75af")
-        axes.set_xlabel(xlabel)
-        axes.set_ylabel("count")
-        axes.set_title(title)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", metadata={"Software": None})
-        plt.close(figure)
-        plots[name] = buffer.getvalue()
-    return plots
-
-
-def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
+def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:  # two panels: its own figure
     """Per-bin cost per phase, sorted; and per step of an 8-rank epoch, the slowest rank's
     cost over the mean rank's, in today's order and in the balanced plan."""
     import matplotlib
@@ -175,7 +149,7 @@ def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
 
 
 def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
-    """Compute, write (JSON + PNGs under OUT/report) and print the packing report."""
+    """Compute, write (JSON, PNGs and index.html under OUT/report) and print the packing report."""
     manifest = read_manifest(output, storage)
     figures = read_figures(output, manifest, storage)
     summary = {
@@ -190,15 +164,69 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
         **statistics(manifest, figures),
     }
     storage.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode())
+    stages = _stage_reports(output, storage)
+    pngs: dict[str, bytes] = {}
     if figures.num_rows:
-        plots = plot(figures, manifest["budget"])
+        pngs = plots.bin_plots(figures, manifest, _over_length(stages, manifest))
         if "cost_index" in manifest:
             index = costs.read_index(schemas.packed_uri(output), manifest, storage)
-            plots[COST_PLOT] = plot_costs(index, manifest)
-        for name, png in plots.items():
+            pngs[plots.COST_PLOT] = plot_costs(index, manifest)
+        for name, png in pngs.items():
             storage.write_bytes(schemas.report_uri(output, name), png)
+    examples = {
+        table: quarantine_examples(schemas.table_uri(output, table), storage)
+        for table in ("quarantine", "tokenize_quarantine")
+    }
+    links = [REPORT_NAME, *(name for name in STAGE_REPORTS if name in stages.get("_files", ())), *pngs,
+             "../packed/manifest.json"]  # fmt: skip
+    page = html.render(summary, stages, pngs, examples, links)
+    storage.write_bytes(schemas.report_uri(output, html.PAGE_NAME), page.encode())
     print(format_report(summary))
     return summary
+
+
+def _stage_reports(output: str, storage: fs.Storage) -> dict[str, Any]:
+    """The other stages' JSON reports that exist (normalize, tokenize, ...), by stage name;
+    ``_files``: their file names."""
+    found: dict[str, Any] = {"_files": []}
+    for name in STAGE_REPORTS:
+        uri = schemas.report_uri(output, name)
+        if storage.exists(uri):
+            found["_files"].append(name)
+            found[name.removesuffix(".json")] = json.loads(storage.read_bytes(uri))
+    return found
+
+
+def _over_length(stages: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What did not fit as it was: dropped (too_long), truncated or split, skipped by pack."""
+    tokenize = stages.get("tokenize", {})
+    return {
+        "max_tokens": tokenize.get("max_tokens", manifest["budget"]),
+        "policy": tokenize.get("over_length", "drop"),
+        "dropped": tokenize.get("reasons", {}).get("too_long", 0),
+        "over_length": tokenize.get("counts", {}).get("over_length", 0),
+        "skipped": manifest["totals"]["skipped"],
+    }
+
+
+def quarantine_examples(uri: str, storage: fs.Storage, per_reason: int = EXAMPLES_PER_REASON) -> dict:
+    """Up to ``per_reason`` rows of a quarantine table for each reason, in table order; the
+    reasons are read first, whole rows only for the ones kept."""
+    if not storage.exists(fs.join(uri, "_delta_log")):
+        return {}
+    examples: dict[str, list[dict]] = {}
+    for file in tables.snapshot(uri, storage).files:
+        filesystem, path = storage.filesystem(file)
+        reasons = pq.read_table(path, columns=["reason"], filesystem=filesystem).column("reason").to_pylist()
+        wanted = []
+        for row, reason in enumerate(reasons):
+            kept = examples.setdefault(reason, [])
+            if len(kept) + sum(1 for r in wanted if reasons[r] == reason) < per_reason:
+                wanted.append(row)
+        if wanted:
+            for record in pq.read_table(path, filesystem=filesystem).take(wanted).to_pylist():
+                examples[record["reason"]].append(record)
+    return examples
 
 
 def _media_kind(manifest: Mapping[str, Any]) -> str:

@@ -110,6 +110,7 @@ class Tokenized:
     media: list[dict] = field(default_factory=list)
     image_tokens: int = 0
     video_tokens: int = 0
+    over_length: bool = False  # cut down to max_tokens (truncate) or a piece of a split sample
 
 
 class SampleTokenizer:
@@ -304,6 +305,9 @@ class SampleTokenizer:
             results = self._split(sample, plans, pieces, enc, limit)
         else:
             raise Rejected(Reason.TOO_LONG, f"{len(enc.ids)} tokens > max_tokens {limit}")
+        if len(enc.ids) > limit:
+            for result in results:
+                result.over_length = True
         for result in results:
             if not (result.labels != IGNORE).any():
                 raise Rejected(Reason.NO_SUPERVISED_TOKENS, f"piece {result.sample_id} has none")

@@ -45,6 +45,7 @@ UNIT_RESULT = pa.schema(
         ("quarantine", PART),
         ("rows_in", pa.int64()),
         ("parents", pa.int64()),
+        ("over_length", pa.int64()),  # samples over max_tokens, truncated or split (not dropped)
         ("setup_seconds", pa.float64()),  # loading the tokenizer in a new Python worker
         ("tokenize_seconds", pa.float64()),  # render + encode + assemble
         ("seconds", pa.float64()),  # the whole unit: read, tokenize, write
@@ -99,6 +100,7 @@ class _Tally:
     rows_in: int = 0
     tokenize_seconds: float = 0.0
     parents: set[str] = field(default_factory=set)
+    over_length: set[str] = field(default_factory=set)  # parents truncated or split
     quarantined: list[dict] = field(default_factory=list)
 
 
@@ -143,6 +145,7 @@ class UnitTask:
             "quarantine": quarantine,
             "rows_in": tally.rows_in,
             "parents": len(tally.parents),
+            "over_length": len(tally.over_length),
             "setup_seconds": self.setup_seconds,
             "tokenize_seconds": tally.tokenize_seconds,
             "seconds": time.perf_counter() - started,
@@ -162,6 +165,7 @@ class UnitTask:
                 tally.tokenize_seconds += time.perf_counter() - begin
                 tally.quarantined.extend(rejected)
                 tally.parents.update(r.parent_id for r in done)
+                tally.over_length.update(r.parent_id for r in done if r.over_length)
                 if done:
                     yield to_record_batch(done)
 
@@ -224,6 +228,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         "samples_in": sum(u["rows"] for u in units),
         "tokenized_samples": sum(r["parents"] for r in results),
         "tokenized_rows": commits["tokenized"].rows,
+        "over_length": sum(r["over_length"] for r in results),  # truncated or split, per over_length
         "quarantined": commits["tokenize_quarantine"].rows,
     }
     summary = {
@@ -295,7 +300,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         f"tokenize  run {summary['run_id']}  ({summary.get('seconds', '?')} s, profile "
         f"{summary['profile']}, max_tokens {summary['max_tokens']}, over_length {summary['over_length']})",
         f"  samples in {c['samples_in']}: tokenized {c['tokenized_samples']} "
-        f"(as {c['tokenized_rows']} rows), quarantined {c['quarantined']}",
+        f"(as {c['tokenized_rows']} rows), quarantined {c['quarantined']}"
+        + (f"; {c['over_length']} over max_tokens, {summary['over_length']}" if c.get("over_length") else ""),
     ]
     if t.get("total"):
         share = {k: 100 * t[k] / t["total"] for k in ("text", "image", "video")}

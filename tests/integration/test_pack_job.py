@@ -91,8 +91,13 @@ def test_report_json_and_plots(packed):
     assert saved["fill"] == summary["fill"] and 0 < saved["fill"] <= 1
     assert saved["token_share"]["image"] > 0 and saved["attention_cost"]["max_over_mean"] >= 1
     assert saved["samples_per_bin"]["max"] >= saved["samples_per_bin"]["mean"]
-    for name in (report.FILL_PLOT, report.LENGTHS_PLOT, report.COST_PLOT):
-        assert (out / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from mmpack_udfs.report import plots
+
+    names = (plots.LENGTHS_PLOT, plots.TOKENS_PLOT, plots.SUPERVISED_PLOT, plots.ATTENTION_PLOT,
+             plots.PATCHES_PLOT, plots.COST_PLOT)  # fmt: skip
+    for name in names:
+        png = (out / "report" / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000  # a drawn plot, not an empty frame
 
 
 def test_report_command(packed, capsys, tmp_path):
