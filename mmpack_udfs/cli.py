@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
 import time
@@ -16,6 +17,8 @@ from mmpack_udfs.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK, ConfigErro
 from mmpack_udfs.io import fs, lock
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pipeline import PIPELINE, STAGES, stage
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "main"]
 STAGE_COMMANDS = [  # (command, the stages it runs, help): `run` and one command per stage
@@ -132,7 +135,7 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
         for number, name in enumerate(stages, start=1):
             if len(stages) > 1:
                 elapsed = time.time() - started
-                print(f"[{number}/{len(stages)}] {name} ...  ({elapsed:.0f} s elapsed)", flush=True)
+                log.info("[%d/%d] %s ...  (%.0f s elapsed)", number, len(stages), name, elapsed)
             with stage_progress(spark, name, ctx.config.spark.progress_seconds):
                 stage(name).run(spark, ctx)
     if len(stages) > 1:
@@ -215,7 +218,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:  # the training side is optional: the `train` extra brings torch
         from loader.__main__ import describe_epoch
     except ImportError as err:
-        print(f"(skipping the loader epoch: {err})")
+        log.warning("skipping the loader epoch: %s", err)
         return EXIT_OK
     describe_epoch(str(out.resolve() / "packed"), show_steps=DEMO_STEPS_SHOWN)
     return EXIT_OK
@@ -317,8 +320,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def setup_logging(verbose: bool) -> None:
+    """mmpack's log lines (not its summaries, which go to stdout): ``mmpack: ...`` on stderr,
+    INFO and up (DEBUG with --verbose)."""
+    logger = logging.getLogger("mmpack_udfs")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("mmpack: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(getattr(args, "verbose", False))
     try:
         return args.func(args)
     except ConfigError as err:

@@ -18,6 +18,7 @@ it back after them, even when they fail.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -27,6 +28,8 @@ from contextlib import contextmanager, suppress
 
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = "_mmpack_lock.json"
 
@@ -63,7 +66,7 @@ def _acquire(uri: str, owner: dict, storage: fs.Storage) -> None:
         if holder is None:
             continue  # released between our two looks
         if _dead_here(holder):
-            print(f"mmpack: taking over the lock of run pid {holder['pid']} on this host, which is gone")
+            log.warning("taking over the lock of run pid %s on this host, which is gone", holder["pid"])
             _delete(uri, storage)
             continue
         age = (time.time() - float(holder.get("started", time.time()))) / 60

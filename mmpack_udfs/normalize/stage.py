@@ -8,6 +8,7 @@ input files ──plan (driver)──▶ splits ──read (tasks)──▶ raw 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -21,6 +22,8 @@ from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.normalize import datasets, inputs, records
+
+log = logging.getLogger(__name__)
 
 REPORT_NAME = "normalize.json"
 
@@ -42,7 +45,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
 
     previous = runs.previous_summary(ctx, REPORT_NAME, run_id, [samples_uri, quarantine_uri])
     if previous is not None:
-        print(f"normalize: run {run_id} is already committed; nothing to do")
+        log.info("normalize: run %s is already committed; nothing to do", run_id)
         print(format_summary(previous))
         return previous
 

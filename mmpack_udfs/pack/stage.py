@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -39,6 +40,8 @@ from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import costs, shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.report import pack_report as report
+
+log = logging.getLogger(__name__)
 
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"
@@ -336,7 +339,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     run_id = ctx.run_id or derive_run_id(config, tokenized_uri, snap.version)
 
     if published_run(packed_root, run_id, storage) is not None:
-        print(f"pack: run {run_id} is already published; nothing to do")
+        log.info("pack: run %s is already published; nothing to do", run_id)
         return report.write_report(ctx.output, storage)
 
     counts = read_counts(tokenized_uri, snap, storage)

@@ -12,6 +12,7 @@ task rewrites identical files and the output follows the samples table's order.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -31,6 +32,8 @@ from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.tokenize.encoder import TokenizeSettings, to_record_batch, worker_tokenizer
+
+log = logging.getLogger(__name__)
 
 REPORT_NAME = "tokenize.json"
 BATCH_ROWS = 1024  # samples per tokenizer call: larger batches amortize per-call and GC costs
@@ -198,7 +201,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
 
     previous = runs.previous_summary(ctx, REPORT_NAME, run_id, list(out_uris.values()))
     if previous is not None:
-        print(f"tokenize: run {run_id} is already committed; nothing to do")
+        log.info("tokenize: run %s is already committed; nothing to do", run_id)
         print(format_summary(previous))
         return previous
 

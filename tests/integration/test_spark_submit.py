@@ -53,7 +53,8 @@ def test_spark_submit_jobs_match_mmpack_run(demo, tmp_path):
 
 def test_spark_submit_bad_config_exits_2(demo, tmp_path):
     dist = make_dist.build(tmp_path / "dist")
-    result = submit("tokenize", dist, "--config", str(demo.config), "--set", "pack.budget=-1")
+    result = submit("tokenize", dist, "--config", str(demo.config), "--out", str(tmp_path / "out"),
+                    "--set", "pack.budget=-1")  # fmt: skip
     assert result.returncode == cli.EXIT_BAD_CONFIG
     assert "pack.budget must be a positive integer" in result.stdout + result.stderr
 

@@ -47,14 +47,14 @@ def test_a_second_run_is_refused_naming_the_holder(holder, capsys):
     assert json.loads((out / lock.LOCK_NAME).read_text())["pid"] == process.pid  # not disturbed
 
 
-def test_the_lock_of_a_killed_run_is_taken_over(holder, capsys):
+def test_the_lock_of_a_killed_run_is_taken_over(holder, caplog):
     out, process = holder
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert (out / lock.LOCK_NAME).exists()  # kill -9 leaves it behind
     with lock.output_lock(str(out), ["normalize"]) as owner:
         assert json.loads((out / lock.LOCK_NAME).read_text())["token"] == owner["token"]
-    assert "taking over the lock" in capsys.readouterr().out
+    assert "taking over the lock" in caplog.text
     assert not (out / lock.LOCK_NAME).exists()
 
 
