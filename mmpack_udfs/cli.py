@@ -18,7 +18,7 @@ from mmpack_udfs.io import fs, lock
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pipeline import PIPELINE, STAGES, stage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mmpack_udfs.cli")  # not __name__: `python -m` makes that __main__
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "main"]
 STAGE_COMMANDS = [  # (command, the stages it runs, help): `run` and one command per stage
