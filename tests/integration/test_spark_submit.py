@@ -72,7 +72,7 @@ def test_the_venv_spark_submit_works_by_absolute_path_without_path(demo, tmp_pat
         str(ROOT / "jobs" / "mmpack_job.py"),
         "tokenize",
     ]
-    args = ["--config", str(demo.config), "--set", "pack.budget=-1"]
+    args = ["--config", str(demo.config), "--out", str(tmp_path / "out"), "--set", "pack.budget=-1"]
     result = subprocess.run([*job, *args], env=bare, capture_output=True, text=True, timeout=300)
     assert result.returncode == cli.EXIT_BAD_CONFIG, result.stderr[-3000:]  # the job itself ran
     assert "pack.budget must be a positive integer" in result.stdout + result.stderr
