@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from mmpack_udfs.config import Config, load_config
+from mmpack_udfs.config.model import WRITE_MODES
 from mmpack_udfs.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK, ConfigError, MmpackError
 from mmpack_udfs.io import fs, lock
 from mmpack_udfs.io.context import RunContext
@@ -50,7 +51,7 @@ def add_stage_options(parser: argparse.ArgumentParser, stages: Sequence[str]) ->
     used = {option for name in stages for option in stage(name).run_options}
     for key, (option, about) in RUN_OPTIONS.items():
         if key in used:
-            kwargs = {"choices": ["overwrite", "append"]} if key == "mode" else {}
+            kwargs = {"choices": WRITE_MODES} if key == "mode" else {}
             parser.add_argument(option, help=about, **kwargs)
     add_master_option(parser)
     add_verbose_option(parser)
@@ -75,6 +76,11 @@ def add_config_file_options(parser: argparse.ArgumentParser, example: str) -> No
     parser.add_argument(
         "--config", metavar="FILE", help="YAML config merged over the defaults (`mmpack config`)"
     )
+    add_set_option(parser, example)
+
+
+def add_set_option(parser: argparse.ArgumentParser, example: str) -> None:
+    """Repeatable --set KEY=VALUE."""
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -308,10 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and reads one epoch with the loader (when torch is installed).",
     )
     add_out_option(p, default="demo-out")
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override one config key of the demo's config (repeatable)",
-    )  # fmt: skip
+    add_set_option(p, "pack.budget=8192")
     add_master_option(p)
     add_verbose_option(p)
     p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")

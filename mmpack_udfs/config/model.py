@@ -468,6 +468,7 @@ class InternVLProfile(ProfileSection):
 
 
 ProfileConfig = Annotated[Qwen2VLProfile | InternVLProfile, Field(discriminator="kind")]
+WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
 PROFILE_KINDS = ("qwen2_vl", "internvl")
 
 
@@ -485,7 +486,7 @@ class Config(Section):
         description="run id of the idempotent commits; `null`: derived from the config and the input files "
         "(`--run-id`)",
     )
-    mode: Annotated[str, _choice("overwrite", "append")] = Field(
+    mode: Annotated[str, _choice(*WRITE_MODES)] = Field(
         "overwrite",
         description="Delta write mode: `overwrite` replaces a table's content, `append` adds to it "
         "(`--mode`)",
