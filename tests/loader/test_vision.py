@@ -141,3 +141,27 @@ def test_an_image_is_stored_once_and_fills_both_temporal_slots():
     assert compact.shape[2] == 1  # half the bytes of the 1176-wide rows
     rows = vision.qwen2_vl_patches([image], item, "uint8").reshape(len(compact), 3, 2, 196)
     assert np.array_equal(rows[:, :, 0], compact[:, :, 0]) and np.array_equal(rows[:, :, 1], compact[:, :, 0])
+
+
+def test_video_frames_are_the_frames_at_the_stored_indices(tmp_path):
+    """decode_frames returns exactly the frames at ``frame_indices``: each equals that frame
+    of a full sequential decode, and each frame's distinct brightness says which it is."""
+    import cv2
+
+    path = str(tmp_path / "v.mp4")
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), 10, (64, 48))
+    for i in range(12):
+        writer.write(np.full((48, 64, 3), 20 * i, np.uint8))
+    writer.release()
+    capture, every = cv2.VideoCapture(path), []
+    while (frame := capture.read())[0]:
+        every.append(cv2.cvtColor(frame[1], cv2.COLOR_BGR2RGB))
+    capture.release()
+    assert len(every) == 12
+    indices, data = [0, 3, 4, 11], (tmp_path / "v.mp4").read_bytes()
+    frames = vision.decode_frames(data, indices, path)
+    for index, frame in zip(indices, frames, strict=True):
+        assert np.array_equal(np.asarray(frame), every[index])
+        assert abs(float(np.asarray(frame).mean()) - 20 * index) < 6  # and it is that frame, not a neighbour
+    with pytest.raises(vision.MediaDecodeError, match=r"frames \[12\] could not be decoded"):
+        vision.decode_frames(data, [2, 12], path)
