@@ -63,25 +63,41 @@ def _jpeg_rgb(data: bytes) -> np.ndarray | None:
 
 
 def decode_frames(data: bytes, indices: list[int], uri: str) -> list[Image.Image]:
-    """The frames at ``indices`` of a video file's bytes, as RGB images (OpenCV needs a file)."""
+    """The frames at ``indices`` of a video file's bytes, as RGB images: decoded from memory
+    (OpenCV ≥ 4.11 reads a stream), through a temporary file where OpenCV cannot; the same
+    FFmpeg decoder either way, so the same pixels."""
     import cv2
 
+    stream = io.BytesIO(data)  # referenced here while OpenCV reads it (it keeps no reference)
+    try:
+        capture = cv2.VideoCapture(stream, cv2.CAP_FFMPEG, [])
+    except (cv2.error, TypeError):  # an OpenCV without stream input
+        capture = None
+    if capture is not None and capture.isOpened():
+        return _frames_at(capture, indices, uri)
     suffix = os.path.splitext(uri)[1] or ".mp4"
     with tempfile.NamedTemporaryFile(suffix=suffix) as f:
         f.write(data)
         f.flush()
-        capture = cv2.VideoCapture(f.name)
-        frames, wanted, index = {}, set(indices), 0
-        try:
-            while len(frames) < len(wanted):
-                ok, frame = capture.read()
+        return _frames_at(cv2.VideoCapture(f.name), indices, uri)
+
+
+def _frames_at(capture, indices: list[int], uri: str) -> list[Image.Image]:
+    """Decode in order up to the last wanted frame; convert only the wanted ones (``grab``
+    decodes, ``retrieve`` converts: together they are ``read``)."""
+    import cv2
+
+    frames, wanted, index = {}, set(indices), 0
+    try:
+        while len(frames) < len(wanted) and capture.grab():
+            if index in wanted:
+                ok, frame = capture.retrieve()
                 if not ok:
                     break
-                if index in wanted:
-                    frames[index] = Image.fromarray(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
-                index += 1
-        finally:
-            capture.release()
+                frames[index] = Image.fromarray(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+            index += 1
+    finally:
+        capture.release()
     missing = sorted(wanted - frames.keys())
     if missing:
         raise MediaDecodeError(f"{uri}: frames {missing[:5]} could not be decoded ({index} frames read)")

@@ -165,3 +165,28 @@ def test_video_frames_are_the_frames_at_the_stored_indices(tmp_path):
         assert abs(float(np.asarray(frame).mean()) - 20 * index) < 6  # and it is that frame, not a neighbour
     with pytest.raises(vision.MediaDecodeError, match=r"frames \[12\] could not be decoded"):
         vision.decode_frames(data, [2, 12], path)
+
+
+def test_video_frames_come_from_memory_without_a_temporary_file(tmp_path, monkeypatch):
+    """OpenCV reads the bytes as a stream (no temp file); the stream outlives the reading
+    (OpenCV keeps no reference: a collected stream crashed the process)."""
+    import gc
+
+    import cv2
+
+    path = str(tmp_path / "v.avi")
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"MJPG"), 10, (32, 32))
+    for i in range(6):
+        writer.write(np.full((32, 32, 3), 40 * i, np.uint8))
+    writer.release()
+    data = (tmp_path / "v.avi").read_bytes()
+
+    def no_temporary_file(*args, **kwargs):
+        raise AssertionError("decoded through a temporary file")
+
+    monkeypatch.setattr(vision.tempfile, "NamedTemporaryFile", no_temporary_file)
+    first = [np.asarray(f) for f in vision.decode_frames(data, [1, 5], path)]
+    for _ in range(20):
+        gc.collect()
+        again = [np.asarray(f) for f in vision.decode_frames(data, [1, 5], path)]
+        assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
