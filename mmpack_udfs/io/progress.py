@@ -82,7 +82,7 @@ class _Watcher:
                 shown, last = tasks, now
 
     def finish(self) -> None:
-        self.stop.set()
+        """The stage's last line (the polling thread has stopped)."""
         tasks = self.tasks()
         if tasks.total:
             self.write(format_progress(self.name, tasks, time.monotonic() - self.started), end="\n")

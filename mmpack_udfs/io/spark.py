@@ -37,11 +37,10 @@ def under_spark_submit() -> bool:
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2.properties")
 JVM_NOISE = (  # printed to stderr directly (by the JVM; by Spark for a shell), not through log4j
-    "WARNING: Using incubator modules",
-    'Setting default log level to "',
-    "To adjust logging level use sc.setLogLevel(",
+    b"WARNING: Using incubator modules",
+    b'Setting default log level to "',
+    b"To adjust logging level use sc.setLogLevel(",
 )
-JVM_NOISE_BYTES = tuple(text.encode() for text in JVM_NOISE)
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
@@ -107,7 +106,7 @@ def forward_stderr(source: IO[bytes], fd: int = 2) -> None:
     ``JVM_NOISE``. It never stops reading while the JVM lives: a JVM whose stderr pipe
     fills up would block."""
     for line in iter(source.readline, b""):
-        if line.startswith(JVM_NOISE_BYTES):
+        if line.startswith(JVM_NOISE):
             continue
         with contextlib.suppress(OSError):  # nowhere to write: drop the line, keep draining
             os.write(fd, line)

@@ -8,8 +8,8 @@ figure columns and media kinds (never the tokens or pixels) and write
 
 from __future__ import annotations
 
-import io
 import json
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,8 +25,7 @@ from mmpack_udfs.pack import costs
 from mmpack_udfs.report import html, plots
 
 REPORT_NAME = "pack.json"
-COST_PLOT_RANKS = 8
-STAGE_REPORTS = ("normalize.json", "tokenize.json", "pack_skipped.json", "validate.json")
+STAGE_REPORTS = ("normalize", "tokenize", "pack_skipped", "validate")  # OUT/report/<name>.json
 EXAMPLES_PER_REASON = 3
 
 
@@ -107,47 +106,6 @@ def _spread(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def plot_costs(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:  # two panels: its own figure
-    """Per-bin cost per phase, sorted; and per step of an 8-rank epoch, the slowest rank's
-    cost over the mean rank's, in today's order and in the balanced plan."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from loader import balance, plan
-
-    model = costs.CostModel.for_profile(manifest["config"], manifest["profile"])
-    vision, llm = model.phases(index)
-    sizes = np.array([u.rows for u in plan.units_of(manifest["shards"], manifest["bins_per_row_group"])])
-    plans = {
-        "today's order": balance.random_plan(sizes, COST_PLOT_RANKS, 0, 0),
-        "balanced": balance.balanced_plan(vision, llm, sizes, COST_PLOT_RANKS, 0, 0),
-    }
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
-    for values, label in ((vision, "vision"), (llm, "LLM")):
-        if values.any():
-            left.plot(np.sort(values)[::-1] / values.mean(), label=label)
-    left.set(xlabel="bins, most expensive first", ylabel="cost / mean bin cost", title="Per-bin cost")
-    left.legend()
-    step = vision + llm
-    for label, chosen in plans.items():
-        costs_per_rank = step[chosen.bins]
-        slowest = costs_per_rank.max(axis=1) / costs_per_rank.mean(axis=1)
-        right.plot(slowest, label=f"{label}: +{balance.straggler_overhead(step, chosen, 1):.1%} overall")
-    right.set(
-        xlabel="step (1 bin per rank)",
-        ylabel="slowest rank / mean rank",
-        title=f"Per-rank cost, {COST_PLOT_RANKS} ranks",
-    )
-    right.legend()
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(figure)
-    return buffer.getvalue()
-
-
 def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
     """Compute, write (JSON, PNGs and index.html under OUT/report) and print the packing report."""
     manifest = read_manifest(output, storage)
@@ -170,15 +128,14 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
         pngs = plots.bin_plots(figures, manifest, _over_length(stages, manifest))
         if "cost_index" in manifest:
             index = costs.read_index(schemas.packed_uri(output), manifest, storage)
-            pngs[plots.COST_PLOT] = plot_costs(index, manifest)
+            pngs[plots.COST_PLOT] = plots.cost_plot(index, manifest)
         for name, png in pngs.items():
             storage.write_bytes(schemas.report_uri(output, name), png)
     examples = {
         table: quarantine_examples(schemas.table_uri(output, table), storage)
         for table in ("quarantine", "tokenize_quarantine")
     }
-    links = [REPORT_NAME, *(name for name in STAGE_REPORTS if name in stages.get("_files", ())), *pngs,
-             "../packed/manifest.json"]  # fmt: skip
+    links = [REPORT_NAME, *(f"{stage}.json" for stage in stages), *pngs, "../packed/manifest.json"]
     page = html.render(summary, stages, pngs, examples, links)
     storage.write_bytes(schemas.report_uri(output, html.PAGE_NAME), page.encode())
     print(format_report(summary))
@@ -186,14 +143,12 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
 
 
 def _stage_reports(output: str, storage: fs.Storage) -> dict[str, Any]:
-    """The other stages' JSON reports that exist (normalize, tokenize, ...), by stage name;
-    ``_files``: their file names."""
-    found: dict[str, Any] = {"_files": []}
-    for name in STAGE_REPORTS:
-        uri = schemas.report_uri(output, name)
+    """The other stages' JSON reports that exist, by stage name (``<stage>.json``)."""
+    found: dict[str, Any] = {}
+    for stage in STAGE_REPORTS:
+        uri = schemas.report_uri(output, f"{stage}.json")
         if storage.exists(uri):
-            found["_files"].append(name)
-            found[name.removesuffix(".json")] = json.loads(storage.read_bytes(uri))
+            found[stage] = json.loads(storage.read_bytes(uri))
     return found
 
 
@@ -215,17 +170,18 @@ def quarantine_examples(uri: str, storage: fs.Storage, per_reason: int = EXAMPLE
     if not storage.exists(fs.join(uri, "_delta_log")):
         return {}
     examples: dict[str, list[dict]] = {}
+    chosen: Counter[str] = Counter()
     for file in tables.snapshot(uri, storage).files:
         filesystem, path = storage.filesystem(file)
         reasons = pq.read_table(path, columns=["reason"], filesystem=filesystem).column("reason").to_pylist()
         wanted = []
         for row, reason in enumerate(reasons):
-            kept = examples.setdefault(reason, [])
-            if len(kept) + sum(1 for r in wanted if reasons[r] == reason) < per_reason:
+            if chosen[reason] < per_reason:
+                chosen[reason] += 1
                 wanted.append(row)
         if wanted:
             for record in pq.read_table(path, filesystem=filesystem).take(wanted).to_pylist():
-                examples[record["reason"]].append(record)
+                examples.setdefault(record["reason"], []).append(record)
     return examples
 
 

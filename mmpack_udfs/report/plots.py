@@ -11,12 +11,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from mmpack_udfs.pack import costs
 
 LENGTHS_PLOT, TOKENS_PLOT, SUPERVISED_PLOT = "lengths.png", "bin_tokens.png", "bin_supervised.png"
 ATTENTION_PLOT, PATCHES_PLOT, COST_PLOT = "bin_attention.png", "bin_patches.png", "bin_cost.png"
 MODALITIES = ("text only", "with images", "with video")  # a sample's kind: its richest media
 COLORS = {"text": "#3b75af", "image": "#ef8636", "video": "#519e3e", "budget": "#c03d3e"}
 KIND_COLORS = (COLORS["text"], COLORS["image"], COLORS["video"])
+COST_PLOT_RANKS = 8
 
 
 def sample_lengths(figures: pa.Table) -> np.ndarray:
@@ -39,7 +43,8 @@ def sample_kinds(figures: pa.Table) -> np.ndarray:
         return kinds
     items = media.flatten()
     index = np.repeat(first, per_bin) + items.field("sample_index").to_numpy().astype(np.int64)
-    kind = np.where(np.asarray(items.field("kind").to_pylist()) == "video", 2, 1).astype(np.int8)
+    video = pc.equal(items.field("kind"), "video").to_numpy(zero_copy_only=False)
+    kind = np.where(video, 2, 1).astype(np.int8)
     np.maximum.at(kinds, index, kind)
     return kinds
 
@@ -131,14 +136,47 @@ def bin_plots(figures: pa.Table, manifest: Mapping[str, Any], over: Mapping[str,
     }
 
 
-def _png(draw: Callable[[Any], None], size: tuple[float, float] = (7, 4)) -> bytes:
-    """Run ``draw(axes)`` on a new figure and return it as PNG bytes (no timestamp: stable)."""
+def cost_plot(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
+    """Per-bin cost per phase, sorted; and per step of an 8-rank epoch, the slowest rank's
+    cost over the mean rank's, in today's order and in the balanced plan."""
+    from loader import balance, plan
+
+    model = costs.CostModel.for_profile(manifest["config"], manifest["profile"])
+    vision, llm = model.phases(index)
+    sizes = np.array([u.rows for u in plan.units_of(manifest["shards"], manifest["bins_per_row_group"])])
+    plans = {
+        "today's order": balance.random_plan(sizes, COST_PLOT_RANKS, 0, 0),
+        "balanced": balance.balanced_plan(vision, llm, sizes, COST_PLOT_RANKS, 0, 0),
+    }
+
+    def draw(axes: Any) -> None:
+        left, right = axes
+        for values, label in ((vision, "vision"), (llm, "LLM")):
+            if values.any():
+                left.plot(np.sort(values)[::-1] / values.mean(), label=label)
+        left.set(xlabel="bins, most expensive first", ylabel="cost / mean bin cost", title="Per-bin cost")
+        left.legend()
+        step = vision + llm
+        for label, chosen in plans.items():
+            costs_per_rank = step[chosen.bins]
+            slowest = costs_per_rank.max(axis=1) / costs_per_rank.mean(axis=1)
+            right.plot(slowest, label=f"{label}: +{balance.straggler_overhead(step, chosen, 1):.1%} overall")
+        right.set(xlabel="step (1 bin per rank)", ylabel="slowest rank / mean rank",
+                  title=f"Per-rank cost, {COST_PLOT_RANKS} ranks")  # fmt: skip
+        right.legend()
+
+    return _png(draw, size=(11, 4), panels=2)
+
+
+def _png(draw: Callable[[Any], None], size: tuple[float, float] = (7, 4), panels: int = 1) -> bytes:
+    """Run ``draw(axes)`` on a new figure of ``panels`` side by side and return it as PNG
+    bytes (no timestamp: stable)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=size, dpi=100)
+    figure, axes = plt.subplots(1, panels, figsize=size, dpi=100)
     try:
         draw(axes)
         figure.tight_layout()
