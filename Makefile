@@ -39,7 +39,15 @@ browser:
 demo: setup
 	$(BIN)/mmpack demo --out $(OUT)
 
-test: setup browser
+# Test scaffolding only: transformers' video processors (the oracle of the video tests) need
+# torchvision; PyPI's is a CUDA build, importable on the CPU torch with its fake-kernel
+# registrations stubbed (tests/oracles/torchvision_boot). Never a dependency of mmpack.
+TORCHVISION := $(VENV)/torchvision-cpu
+$(TORCHVISION)/.installed: $(STAMP)
+	$(BIN)/pip install -q --no-deps --target $(TORCHVISION) torchvision==0.28.0
+	touch $@
+
+test: setup browser $(TORCHVISION)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 	$(MAKE) test-airflow

@@ -1,10 +1,15 @@
-"""Train Qwen2-VL (or Qwen2.5-VL) on mmpack shards with DDP, launched by torchrun.
+"""Train a vision-language model of any family mmpack packs for (Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL dense and MoE, Qwen3.5) on mmpack shards with DDP, launched by torchrun.
 
     torchrun --nproc-per-node 8 examples/train_qwen2_vl.py \\
-        --manifest s3://bucket/run1/packed --model /models/Qwen2-VL-7B-Instruct --out ckpt
+        --manifest s3://bucket/run1/packed --model /models/Qwen3-VL-8B-Instruct --out ckpt
 
-``--model tiny`` builds a tiny random Qwen2-VL from a hand-made config (no download): the
-test suite runs this script that way on CPU (gloo). What it shows:
+``--model`` is the model directory the shards were tokenized for (``tokenize.model``).
+``--model tiny`` (Qwen2-VL) or ``tiny-<model_type>`` (``examples/tiny_models.py``) builds a
+tiny random model from a hand-made config (no download): the test suite runs this script
+that way on CPU (gloo). A model whose packed samples its kernels cannot keep apart
+(Qwen3.5's linear attention without flash-linear-attention and causal-conv1d) is refused
+before the first step. What it shows:
 
 - every rank runs the same number of steps (``PackedDataset`` plans fillers), so no rank
   waits in a collective at the end of an epoch;
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -36,43 +42,37 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from loader import PackedBatch, PackedDataset, collate_packed
+from loader import PackedBatch, PackedDataset, collate_packed, require_sample_isolation
 from loader.dataset import IGNORE
+
+
+def tiny_models():
+    """examples/tiny_models.py, imported by path (this file also runs as a loaded module)."""
+    spec = importlib.util.spec_from_file_location("tiny_models", Path(__file__).with_name("tiny_models.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_qwen2_vl(seed: int = 0, attn_implementation: str = "sdpa"):
     """A random Qwen2-VL small enough for a CPU, with the real Qwen2 vocabulary size (the
     shards hold real token ids) and the real vision geometry (14-px patches, 2 × 2 merge,
     2 frames deep), so it takes exactly what a full-size Qwen2-VL takes."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    torch.manual_seed(seed)
-    config = Qwen2VLConfig(
-        text_config={
-            "vocab_size": 151936,
-            "hidden_size": 16,
-            "intermediate_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
-        },
-        vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 16, "num_heads": 2, "mlp_ratio": 2},
-    )
-    return Qwen2VLForConditionalGeneration._from_config(
-        config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
+    return tiny_models().tiny_model("qwen2_vl", seed, attn_implementation)
 
 
 def load_model(name: str, seed: int, attn_implementation: str, device: torch.device) -> torch.nn.Module:
-    if name == "tiny":
-        return tiny_qwen2_vl(seed, attn_implementation).to(device)
-    from transformers import AutoModelForImageTextToText
+    if name == "tiny" or name.startswith("tiny-"):
+        model_type = "qwen2_vl" if name == "tiny" else name.removeprefix("tiny-")
+        model = tiny_models().tiny_model(model_type, seed, attn_implementation)
+    else:
+        from transformers import AutoModelForImageTextToText
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForImageTextToText.from_pretrained(
-        name, attn_implementation=attn_implementation, dtype=dtype
-    )
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = AutoModelForImageTextToText.from_pretrained(
+            name, attn_implementation=attn_implementation, dtype=dtype
+        )
+    require_sample_isolation(model)
     return model.to(device)
 
 
@@ -134,7 +134,9 @@ class Checkpoints:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--manifest", required=True, help="OUT/packed, its manifest.json, or s3://...")
-    parser.add_argument("--model", default="tiny", help="a local checkpoint directory, or 'tiny'")
+    parser.add_argument(
+        "--model", default="tiny", help="a local model directory, 'tiny' (Qwen2-VL) or 'tiny-<model_type>'"
+    )
     parser.add_argument("--out", required=True, help="checkpoint directory")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--bins-per-micro-batch", type=int, default=1)

@@ -14,10 +14,12 @@ from typing import Any
 _EXPORTS = {
     "PackedBatch": "loader.collate",
     "PackedDataset": "loader.dataset",
+    "PackingUnsupported": "loader.hybrid",
     "ShardError": "loader.source",
     "block_diagonal_mask": "loader.attention",
     "collate_packed": "loader.collate",
     "normalize_pixel_values": "loader.collate",
+    "require_sample_isolation": "loader.hybrid",
     "varlen_attention": "loader.attention",
 }
 __all__ = sorted(_EXPORTS)

@@ -53,7 +53,9 @@ def collate_packed(
     Keys: ``input_ids``, ``labels`` [1, T]; ``position_ids`` [4, 1, T] for qwen2_vl, else
     [1, T]; the vision tensors, concatenated in order; ``cu_seq_lens_q``/``cu_seq_lens_k``
     (int32, every sample's start and T) and ``max_length_q``/``max_length_k`` (int);
-    ``use_cache=False`` (a cache turns off transformers' packed-sequence detection).
+    ``use_cache=False`` (a cache turns off transformers' packed-sequence detection); for
+    families with linear-attention layers (Qwen3.5) ``seq_idx`` [1, T] int32, each token's
+    sample (what the causal-conv kernel needs to restart at sample boundaries).
     With ``pad_to``, T is exactly that: the padding is one extra sequence, labels -100.
     """
     if not items:
@@ -95,6 +97,8 @@ def collate_packed(
         parts = [b[key] for b in items if key in b]
         if parts:
             inputs[key] = torch.cat(parts)
+    if "seq_idx" in items[0]:  # linear-attention layers: the sample of every token, across bins
+        inputs["seq_idx"] = _seq_idx(items, pad_to - total if pad_to is not None else 0)
     meta: dict[str, Any] = {
         "sample_ids": [s for b in items for s in b["sample_ids"]],
         "sample_supervised_tokens": [
@@ -107,10 +111,27 @@ def collate_packed(
         "bin_tokens": [int(b["cu_seqlens"][-1]) for b in items],
         "bin_sum_sq_lengths": [int((b["cu_seqlens"].diff().to(torch.int64) ** 2).sum()) for b in items],
     }
+    spans = [b["second_per_grid_ts"] for b in items if "second_per_grid_ts" in b]
+    if spans:  # per video, in order (Qwen2.5-VL's time positions are already in position_ids)
+        meta["second_per_grid_ts"] = torch.cat(spans)
+    norms = {k: v for b in items for k, v in b.get("pixel_norm", {}).items()}
+    if norms:
+        meta["pixel_norm"] = norms
     tiles = [b["num_tiles"] for b in items if "num_tiles" in b]
     if tiles:
         meta["num_tiles"] = torch.cat(tiles)
     return PackedBatch(inputs, meta)
+
+
+def _seq_idx(items: Sequence[dict[str, Any]], pad: int) -> torch.Tensor:
+    """[1, T] int32: each token's sample number in the batch (the padding is one more)."""
+    parts, first = [], 0
+    for b in items:
+        parts.append(b["seq_idx"] + first)
+        first += len(b["cu_seqlens"]) - 1
+    if pad:
+        parts.append(torch.full((pad,), first, dtype=torch.int32))
+    return torch.cat(parts)[None]
 
 
 def _supervised_per_sample(item: dict[str, Any]) -> list[int]:
@@ -120,23 +141,33 @@ def _supervised_per_sample(item: dict[str, Any]) -> list[int]:
     return (sums[cu[1:]] - sums[cu[:-1]]).tolist()
 
 
-def normalize_pixel_values(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def normalize_pixel_values(
+    pixels: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> torch.Tensor:
     """What the model takes from ``PackedDataset(pixel_dtype="uint8")`` pixels: ``(x / 255 -
     mean) / std`` per channel, on the tensor's device (one fused pass on the accelerator).
-    2-D: Qwen2-VL patches [rows, 1176] (CLIP mean/std); 4-D: InternVL tiles (ImageNet).
+    2-D: Qwen-VL patches [rows, 3 · 2 · p²] (default mean/std: CLIP's, Qwen2-VL's; a batch's
+    ``meta["pixel_norm"][key]`` holds its profile's); 4-D: InternVL tiles (ImageNet).
     Other dtypes are returned as they are::
 
-        batch["pixel_values"] = normalize_pixel_values(batch["pixel_values"].to(device), torch.bfloat16)
+        key, norm = "pixel_values", batch.meta["pixel_norm"]["pixel_values"]
+        batch[key] = normalize_pixel_values(batch[key].to(device), torch.bfloat16, *norm)
     """
     if pixels.dtype != torch.uint8:
         return pixels
     device = pixels.device
     if pixels.ndim == 2:
-        channel = torch.from_numpy(vision.QWEN2_VL_PATCH_CHANNEL).to(device)
-        mean, std = (torch.from_numpy(v).to(device)[channel] for v in (vision.CLIP_MEAN, vision.CLIP_STD))
-    else:
-        mean, std = (
-            torch.from_numpy(v).to(device).view(1, 3, 1, 1)
-            for v in (vision.IMAGENET_MEAN, vision.IMAGENET_STD)
+        channel = torch.from_numpy(vision.patch_channel(pixels.shape[-1])).to(device)
+        mean_, std_ = (
+            torch.tensor(v if v is not None else d, dtype=torch.float32, device=device)[channel]
+            for v, d in ((mean, vision.CLIP_MEAN), (std, vision.CLIP_STD))
         )
-    return ((pixels.to(torch.float32) * (1 / 255) - mean) / std).to(dtype)
+    else:
+        mean_, std_ = (
+            torch.tensor(v if v is not None else d, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+            for v, d in ((mean, vision.IMAGENET_MEAN), (std, vision.IMAGENET_STD))
+        )
+    return ((pixels.to(torch.float32) * (1 / 255) - mean_) / std_).to(dtype)

@@ -26,12 +26,23 @@ from torch.utils.data import IterableDataset, get_worker_info
 from loader import balance, plan, vision
 from loader.source import ShardSource, load_manifest
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
+from mmpack_udfs.families import Family, make_family
 from mmpack_udfs.io import fs
 from mmpack_udfs.pack import costs
 
 MEDIA_ENCODINGS = ("file", "patches8")  # docs/FORMAT.md: what media[].data holds
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
-MROPE_FIELDS = ["sample_index", "grid_t", "grid_h", "grid_w", "token_offset"]  # what mRoPE reads of media
+# what mRoPE reads of media (the fields of families' ``vision_blocks``)
+MROPE_FIELDS = [
+    "sample_index",
+    "kind",
+    "grid_t",
+    "grid_h",
+    "grid_w",
+    "token_offset",
+    "second_per_grid_t",
+    "group_starts",
+]
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -266,10 +277,11 @@ class _RowGroup:
         self, source: ShardSource, unit: plan.Unit, profile: Mapping[str, Any], pixels: _Pixels | None
     ) -> None:
         self.profile, self.pixels = profile, pixels
+        self.family = make_family(profile["kind"], profile)
         media_columns: list[str] = []
         if pixels is not None:
             media_columns = ["media"]
-        elif profile["kind"] == "qwen2_vl":  # mRoPE needs the grids and offsets, not the pixels
+        elif self.family.mrope:  # mRoPE needs the grids and offsets, not the pixels
             media_columns = source.nested_columns(unit.shard, "media", MROPE_FIELDS)
         table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + media_columns).combine_chunks()
         self.lists = {}
@@ -302,10 +314,12 @@ class _RowGroup:
             "filler": False,
         }
         media = self.media.row(row) if self.media is not None else []
-        if self.profile["kind"] == "qwen2_vl":
-            item["mrope_position_ids"] = _mrope(media, cu, positions)
+        if self.family.linear_attention:  # which sample each token is (the causal conv's seq_idx)
+            item["seq_idx"] = torch.from_numpy(np.repeat(np.arange(len(lengths), dtype=np.int32), lengths))
+        if self.family.mrope:
+            item["mrope_position_ids"] = _mrope(self.family, media, cu, positions)
             if self.pixels is not None:
-                item.update(_qwen2_vl_pixels(media, storage, self.pixels))
+                item.update(_qwen_pixels(media, self.profile, storage, self.pixels))
         elif media:
             item.update(_internvl_media(media, self.profile, storage, self.pixels))
         return item
@@ -322,10 +336,12 @@ def _frames(item: Mapping[str, Any], storage: fs.Storage) -> list:
     return vision.decode_frames(data, item["frame_indices"], item["uri"])
 
 
-def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage, pixels: _Pixels) -> dict[str, Any]:
-    """Pixel patches and grids per kind, as transformers' Qwen2-VL takes them (or their
+def _qwen_pixels(
+    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: _Pixels
+) -> dict[str, Any]:
+    """Pixel patches and grids per kind, as transformers' Qwen-VL models take them (or their
     uint8 values, ``pixel_dtype="uint8"``): every item's 8-bit patches written into one
-    array, then normalized once."""
+    array, then normalized once with the profile's mean/std of that kind."""
     out: dict[str, Any] = {}
     for kind, pixels_key, grid_key in (
         ("image", "pixel_values", "image_grid_thw"),
@@ -334,24 +350,34 @@ def _qwen2_vl_pixels(media: list[dict], storage: fs.Storage, pixels: _Pixels) ->
         items = [m for m in media if m["kind"] == kind]
         if items:
             rows = np.cumsum([0] + [vision.qwen2_vl_rows(m) for m in items])
-            patches = np.empty((rows[-1], vision.ROW_VALUES), np.uint8)
+            patches = np.empty((rows[-1], vision.row_values(items[0])), np.uint8)
             for m, start, end in zip(items, rows[:-1], rows[1:], strict=True):
                 vision.expand_patches8(_qwen2_vl_patches8(m, storage, pixels), patches[start:end])
-            values = patches if pixels.computed == "uint8" else vision.normalize_qwen2_vl(patches)
+            settings = profile[kind]
+            values = (
+                patches
+                if pixels.computed == "uint8"
+                else vision.normalize_qwen_patches(patches, settings["mean"], settings["std"])
+            )
             out[pixels_key] = pixels.tensor(values)
+            if pixels.computed == "uint8":  # what normalize_pixel_values needs on the device
+                out.setdefault("pixel_norm", {})[pixels_key] = (settings["mean"], settings["std"])
             out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
+            if kind == "video":  # what the model would derive Qwen2.5-VL's time positions from
+                spans = [m["second_per_grid_t"] for m in items]
+                out["second_per_grid_ts"] = torch.tensor([s if s is not None else 1.0 for s in spans])
     return out
 
 
-def _mrope(media: list[dict], cu: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+def _mrope(family: Family, media: list[dict], cu: np.ndarray, positions: np.ndarray) -> torch.Tensor:
     """[3, T]: text-only samples count 0, 1, 2, … on all three rows; samples with media
-    get their 3-D positions (computed per sample, as if it were alone)."""
+    get their 3-D positions (the family's, computed per sample, as if it were alone)."""
     if not media:
         return torch.from_numpy(positions).expand(3, -1)
     rows = np.tile(positions, (3, 1))
     for i in sorted({m["sample_index"] for m in media}):
         mine = [{**m, "token_offset": m["token_offset"] - cu[i]} for m in media if m["sample_index"] == i]
-        rows[:, cu[i] : cu[i + 1]] = vision.mrope_positions(int(cu[i + 1] - cu[i]), mine)
+        rows[:, cu[i] : cu[i + 1]] = family.positions(int(cu[i + 1] - cu[i]), mine)
     return torch.from_numpy(rows)
 
 

@@ -1,10 +1,11 @@
-"""Media bytes → the vision tensors a model expects, at exactly the grid stored in the shard;
-and Qwen2-VL's 3-D rotary positions. numpy only; the dataset turns results into tensors.
+"""Media bytes → the vision tensors a model expects, at exactly the grid stored in the shard.
+numpy only; the dataset turns results into tensors (positions: ``mmpack_udfs.families``).
 
-Qwen2-VL: resize to (resized_height, resized_width) with PIL bicubic, scale to [0, 1],
-normalize with the CLIP mean/std, cut into 14-px patches grouped 2 × 2 (spatial merge)
-and 2 frames deep (images repeat their one frame): one row of 3·2·14·14 = 1176 values per
-patch, grid_t · grid_h · grid_w rows per item, so merged tokens = rows / 4 = pad tokens.
+The Qwen-VL line: resize to (resized_height, resized_width) with PIL bicubic, scale to
+[0, 1], normalize with the profile's mean/std, cut into p-px patches (14: Qwen2-VL,
+Qwen2.5-VL; 16: Qwen3-VL, Qwen3.5) grouped 2 × 2 (spatial merge) and 2 frames deep (images
+repeat their one frame): one row of 3·2·p·p values per patch, grid_t · grid_h · grid_w rows
+per item, so merged tokens = rows / 4 = pad tokens.
 InternVL: 448-px tiles (ImageNet mean/std) in the stored tile grid, plus the thumbnail.
 """
 
@@ -22,14 +23,14 @@ try:
 except ImportError:  # optional: Pillow decodes every JPEG then
     simplejpeg = None
 
-from mmpack_udfs.constants import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
+from mmpack_udfs.constants import MERGE_SIZE, TEMPORAL_PATCH_SIZE
 from mmpack_udfs.schemas import RGB_CONVERTIBLE_MODES
 
 CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
-PATCH, MERGE, TEMPORAL = PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE
+MERGE, TEMPORAL = MERGE_SIZE, TEMPORAL_PATCH_SIZE
 
 
 class MediaDecodeError(RuntimeError):
@@ -106,8 +107,23 @@ def _frames_at(capture, indices: list[int], uri: str) -> list[Image.Image]:
 
 def resized_rgb8(frames: list[Image.Image], height: int, width: int) -> np.ndarray:
     """[frames, height, width, 3] uint8: each frame resized (PIL bicubic on 8-bit RGB, as
-    transformers' processors resize before they rescale)."""
+    transformers' image processors resize with their PIL backend)."""
     return np.stack([np.asarray(f.resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
+
+
+def resized_video_rgb8(frames: list[Image.Image], height: int, width: int) -> np.ndarray:
+    """[frames, height, width, 3] uint8 as transformers' video processors resize: torchvision's
+    bicubic antialiased resize of uint8 frames, which on the CPU is torch's native uint8
+    ``interpolate`` (bit for bit; a test compares with the processor). Needs torch."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as err:  # the pipeline's spark extra has no torch
+        raise MediaDecodeError("video frames are resized as transformers does it: with torch") from err
+    x = torch.from_numpy(np.stack([np.asarray(f) for f in frames])).permute(0, 3, 1, 2).contiguous()
+    if (x.shape[-2], x.shape[-1]) != (height, width):  # the processor leaves an unchanged size alone
+        x = F.interpolate(x, size=[height, width], mode="bicubic", align_corners=False, antialias=True)
+    return x.permute(0, 2, 3, 1).contiguous().numpy()
 
 
 def normalize(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray, axis: int) -> np.ndarray:
@@ -127,16 +143,16 @@ def _scaled(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray
     return out
 
 
-def qwen2_vl_patches(frames: list[Image.Image], item: dict, dtype: str = "float32") -> np.ndarray:
-    """[grid_t · grid_h · grid_w, 1176] patches of one image (one frame) or video: float32
-    normalized, or (``dtype="uint8"``) the raw 8-bit values (``normalize_qwen2_vl``)."""
-    rows = qwen2_vl_rows(item)
-    out = np.empty((rows, ROW_VALUES), np.uint8)
-    expand_patches8(qwen2_vl_patches8(frames, item), out)
-    return out if dtype == "uint8" else normalize_qwen2_vl(out)
-
-
-ROW_VALUES = 3 * TEMPORAL * PATCH * PATCH  # 1176 values per Qwen2-VL patch row
+def qwen2_vl_patches(
+    frames: list[Image.Image], item: dict, dtype: str = "float32", mean=CLIP_MEAN, std=CLIP_STD
+) -> np.ndarray:
+    """[grid_t · grid_h · grid_w, 3 · 2 · p²] patches of one image (one frame) or video of the
+    Qwen-VL line (p = the item's patch size, 14 or 16): float32 normalized with ``mean``/``std``,
+    or (``dtype="uint8"``) the raw 8-bit values (``normalize_qwen_patches``)."""
+    compact = qwen2_vl_patches8(frames, item)
+    out = np.empty((len(compact), 3 * TEMPORAL * compact.shape[-1]), np.uint8)
+    expand_patches8(compact, out)
+    return out if dtype == "uint8" else normalize_qwen_patches(out, mean, std)
 
 
 def qwen2_vl_rows(item: dict) -> int:
@@ -144,22 +160,41 @@ def qwen2_vl_rows(item: dict) -> int:
     return item["grid_t"] * item["grid_h"] * item["grid_w"]
 
 
+def patch_size_of(item: dict) -> int:
+    """The vision patch side of a Qwen-VL item: its resized size over its grid."""
+    patch = item["resized_height"] // item["grid_h"]
+    if patch * item["grid_h"] != item["resized_height"] or patch * item["grid_w"] != item["resized_width"]:
+        raise MediaDecodeError(
+            f"{item['uri']}: grid {item['grid_h']}x{item['grid_w']} does not divide resized size "
+            f"{item['resized_height']}x{item['resized_width']}"
+        )
+    return patch
+
+
+def row_values(item: dict) -> int:
+    """Values per patch row: 3 channels × 2 frames × p × p (1176 at patch 14, 1536 at 16)."""
+    return 3 * TEMPORAL * patch_size_of(item) ** 2
+
+
 def qwen2_vl_patches8(frames: list[Image.Image], item: dict) -> np.ndarray:
-    """One item's 8-bit patches in transformers' order, compact: [rows, 3, F, 14 · 14] with
-    F = 1 for an image (the processor's two temporal copies are the same frame, kept once)
-    and F = 2 for a video (each row's two frames). ``expand_patches8`` makes the 1176-wide
-    rows; prepared media (``media_encoding: patches8``) store exactly these bytes."""
+    """One item's 8-bit patches in transformers' order, compact: [rows, 3, F, p²] with F = 1
+    for an image (the processor's two temporal copies are the same frame, kept once) and F = 2
+    for a video (each row's two frames; an odd frame count repeats its last frame, as the
+    processor pads). ``expand_patches8`` makes the full rows; prepared media (``media_encoding:
+    patches8``) store exactly these bytes."""
     t, h, w = item["grid_t"], item["grid_h"], item["grid_w"]
     height, width = item["resized_height"], item["resized_width"]
-    if (height // PATCH, width // PATCH) != (h, w):
-        raise MediaDecodeError(f"{item['uri']}: grid {h}x{w} does not match resized size {height}x{width}")
+    patch = patch_size_of(item)
     depth = _depth(item)
+    if depth == TEMPORAL and len(frames) == len(item["frame_indices"]) == TEMPORAL * t - 1:
+        frames = [*frames, frames[-1]]  # an odd sample: the processor repeats the last frame
     if len(frames) != (1 if depth == 1 else TEMPORAL * t) or (depth == 1 and t != 1):
         raise MediaDecodeError(f"{item['uri']}: {len(frames)} frames for grid_t {t}")
-    rgb = resized_rgb8(frames, height, width)  # [frames, H, W, 3]
-    grid = rgb.reshape(t, depth, h // MERGE, MERGE, PATCH, w // MERGE, MERGE, PATCH, 3)
-    compact = grid.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t, h/2, w/2, 2, 2, c, depth, 14, 14
-    return np.ascontiguousarray(compact).reshape(t * h * w, 3, depth, PATCH * PATCH)
+    resize = resized_video_rgb8 if item["kind"] == "video" else resized_rgb8
+    rgb = resize(frames, height, width)  # [frames, H, W, 3]
+    grid = rgb.reshape(t, depth, h // MERGE, MERGE, patch, w // MERGE, MERGE, patch, 3)
+    compact = grid.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t, h/2, w/2, 2, 2, c, depth, p, p
+    return np.ascontiguousarray(compact).reshape(t * h * w, 3, depth, patch * patch)
 
 
 def _depth(item: dict) -> int:
@@ -169,29 +204,33 @@ def _depth(item: dict) -> int:
 
 
 def expand_patches8(compact: np.ndarray, out: np.ndarray) -> None:
-    """Write compact patches ([rows, 3, F, 196], F = 1 or 2) into ``out`` [rows, 1176] uint8:
-    one pass, an image's frame broadcast to both temporal slots."""
-    out.reshape(len(out), 3, TEMPORAL, PATCH * PATCH)[...] = compact
+    """Write compact patches ([rows, 3, F, p²], F = 1 or 2) into ``out`` [rows, 3 · 2 · p²]
+    uint8: one pass, an image's frame broadcast to both temporal slots."""
+    out.reshape(len(out), 3, TEMPORAL, compact.shape[-1])[...] = compact
 
 
 def compact_patches8(data: np.ndarray | bytes, item: dict) -> np.ndarray:
-    """Prepared media bytes (``qwen2_vl_patches8``) as [rows, 3, F, 196], checked against the grid."""
-    shape = (qwen2_vl_rows(item), 3, _depth(item), PATCH * PATCH)
+    """Prepared media bytes (``qwen2_vl_patches8``) as [rows, 3, F, p²], checked against the grid."""
+    shape = (qwen2_vl_rows(item), 3, _depth(item), patch_size_of(item) ** 2)
     values = np.frombuffer(data, np.uint8)
     if values.size != int(np.prod(shape)):
         raise MediaDecodeError(f"{item['uri']}: {values.size} prepared bytes, the grid needs {shape}")
     return values.reshape(shape)
 
 
-QWEN2_VL_PATCH_CHANNEL = np.arange(ROW_VALUES) // (TEMPORAL * PATCH * PATCH)
-QWEN2_VL_PATCH_MEAN, QWEN2_VL_PATCH_STD = CLIP_MEAN[QWEN2_VL_PATCH_CHANNEL], CLIP_STD[QWEN2_VL_PATCH_CHANNEL]
+def patch_channel(width: int) -> np.ndarray:
+    """The channel of each value of a patch row (rows are channel-major: 3 × 2 × p × p)."""
+    return np.arange(width) // (width // 3)
 
 
-def normalize_qwen2_vl(patches: np.ndarray) -> np.ndarray:
-    """uint8 Qwen2-VL patches [rows, 1176] → the float32 pixel values transformers gives
-    (each row is channel-major: 3 × 2 × 14 × 14). The loader's ``pixel_dtype="uint8"`` hands
-    the uint8 patches over; this (or ``loader.normalize_pixel_values`` on the device) finishes."""
-    return _scaled(patches, QWEN2_VL_PATCH_MEAN, QWEN2_VL_PATCH_STD)
+def normalize_qwen_patches(patches: np.ndarray, mean=CLIP_MEAN, std=CLIP_STD) -> np.ndarray:
+    """uint8 Qwen-VL patches [rows, 3 · 2 · p²] → the float32 pixel values transformers gives
+    with that ``mean``/``std`` (Qwen2-VL and Qwen2.5-VL: CLIP's; Qwen3-VL: 0.5). The loader's
+    ``pixel_dtype="uint8"`` hands the uint8 patches over; this (or
+    ``loader.normalize_pixel_values`` on the device) finishes."""
+    channel = patch_channel(patches.shape[-1])
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    return _scaled(patches, mean[channel], std[channel])
 
 
 def internvl_tiles(
@@ -220,22 +259,3 @@ def internvl_tiles(
 def normalize_internvl(tiles: np.ndarray) -> np.ndarray:
     """uint8 InternVL tiles [tiles, 3, H, W] → float32 normalized with the ImageNet mean/std."""
     return normalize(tiles, IMAGENET_MEAN, IMAGENET_STD, axis=1)
-
-
-def mrope_positions(length: int, media: list[dict]) -> np.ndarray:
-    """[3, length] Qwen2-VL rotary positions of one sample (transformers' get_rope_index):
-    text advances all three rows by one per token; a vision item of merged grid t × h × w
-    takes (start + t index, start + row, start + column) and advances by max(h, w)."""
-    rows, cursor, position = [], 0, 0
-    for item in sorted(media, key=lambda m: m["token_offset"]):
-        offset = item["token_offset"]
-        text = np.arange(offset - cursor) + position
-        rows.append(np.broadcast_to(text, (3, len(text))))
-        position += offset - cursor
-        t, h, w = item["grid_t"], item["grid_h"] // MERGE, item["grid_w"] // MERGE
-        grid = np.stack(np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
-        rows.append(grid + position)
-        position += max(h, w)
-        cursor = offset + t * h * w
-    rows.append(np.broadcast_to(np.arange(length - cursor) + position, (3, length - cursor)))
-    return np.concatenate(rows, axis=1).astype(np.int64)

@@ -27,6 +27,7 @@ class Reason(StrEnum):
     MEDIA_UNSUPPORTED = "media_unsupported"
     TOO_LONG = "too_long"
     NO_SUPERVISED_TOKENS = "no_supervised_tokens"
+    TEMPLATE_REFUSES = "template_refuses"
 
 
 DESCRIPTIONS: dict[Reason, str] = {
@@ -68,6 +69,10 @@ DESCRIPTIONS: dict[Reason, str] = {
     ),
     Reason.TOO_LONG: "more tokens than tokenize.max_tokens under the configured over-length policy",
     Reason.NO_SUPERVISED_TOKENS: "no token is left to train on after loss masking",
+    Reason.TEMPLATE_REFUSES: (
+        "the model's chat template refuses the conversation (e.g. Qwen3.5's: no user query, only "
+        "tool responses)"
+    ),
 }
 
 
@@ -80,5 +85,7 @@ class Rejected(Exception):
         self.detail = detail
 
 
-TOKENIZE_REASONS = frozenset({Reason.MEDIA_UNSUPPORTED, Reason.TOO_LONG, Reason.NO_SUPERVISED_TOKENS})
+TOKENIZE_REASONS = frozenset(
+    {Reason.MEDIA_UNSUPPORTED, Reason.TOO_LONG, Reason.NO_SUPERVISED_TOKENS, Reason.TEMPLATE_REFUSES}
+)
 NORMALIZE_REASONS = frozenset(Reason) - TOKENIZE_REASONS

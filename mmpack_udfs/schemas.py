@@ -72,14 +72,18 @@ TOKENIZED_MEDIA = pa.struct(
         ("uri", pa.string()),
         ("width", pa.int32()),  # as stored
         ("height", pa.int32()),
-        ("grid_t", pa.int32()),  # qwen2_vl: temporal patches; internvl: frames
-        ("grid_h", pa.int32()),  # qwen2_vl: 14 px patch rows; internvl: tile rows
+        ("grid_t", pa.int32()),  # qwen: temporal patches; internvl: frames
+        ("grid_h", pa.int32()),  # qwen: vision patch rows (14 or 16 px); internvl: tile rows
         ("grid_w", pa.int32()),
         ("resized_height", pa.int32()),  # what the vision encoder sees (per tile for internvl)
         ("resized_width", pa.int32()),
         ("token_offset", pa.int32()),  # index of the first pad token in input_ids
         ("num_tokens", pa.int32()),  # pad tokens of this item
         ("frame_indices", pa.list_(pa.int32())),  # videos: the frames to decode, in order
+        ("second_per_grid_t", pa.float32()),  # videos: seconds per temporal patch (Qwen2.5-VL mRoPE)
+        # pad runs of an item split by text (Qwen3-VL's timestamped frame groups): each run's
+        # start, from token_offset; null for one run
+        ("group_starts", pa.list_(pa.int32())),
     ]
 )
 
@@ -131,6 +135,8 @@ SHARD_MEDIA = pa.struct(
         ("token_offset", pa.int32()),  # index of the first pad token in the bin's input_ids
         ("num_tokens", pa.int32()),
         ("frame_indices", pa.list_(pa.int32())),
+        ("second_per_grid_t", pa.float32()),
+        ("group_starts", pa.list_(pa.int32())),  # from token_offset; null for one pad run
         ("data", pa.binary()),  # the file's bytes; null when the shard references media only
     ]
 )

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +156,40 @@ def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
     out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("packed-demo"))
     pack.run(spark, demo_run(demo, out, *PACKED_DEMO_SETTINGS))
     return out
+
+
+# Model families run from a model directory (tokenize.model), each tokenized and packed once
+# per session from the demo's samples table and shared by its parity tests.
+FAMILY_MODELS = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    name: str
+    model_dir: Path
+    output: Path
+    ctx: RunContext
+
+
+@pytest.fixture(scope="session")
+def family_run(spark, demo, tokenized_demo, tmp_path_factory):
+    """``family_run(name)``: the demo tokenized with the model directory ``name``
+    (tests/models/build.py) and packed into small bins; built on first use."""
+    from mmpack_udfs.pack import stage as pack
+    from mmpack_udfs.tokenize import stage as tokenize
+    from tests.models.build import build_model_dir
+
+    runs: dict[str, FamilyRun] = {}
+
+    def run(name: str) -> FamilyRun:
+        if name not in runs:
+            root = tmp_path_factory.mktemp(f"family-{name}")
+            model = build_model_dir(name, root / "model")
+            out = fresh_output(tokenized_demo, root)
+            ctx = demo_run(demo, out, f"tokenize.model={model}", *PACKED_DEMO_SETTINGS)
+            tokenize.run(spark, ctx)
+            pack.run(spark, ctx)
+            runs[name] = FamilyRun(name, model, out, ctx)
+        return runs[name]
+
+    return run

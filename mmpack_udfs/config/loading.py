@@ -14,7 +14,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from mmpack_udfs.config.model import PROFILE_KINDS, Config
+from mmpack_udfs.config.model import MODEL_PROFILE, PROFILE_KINDS, Config
 from mmpack_udfs.errors import ConfigError
 
 FREE_FORM_KEYS = {"spark.conf"}  # maps whose keys contain dots (Spark settings)
@@ -33,7 +33,37 @@ def load_config(config_file: str | os.PathLike | None = None, overrides: Iterabl
         config = merge(config, user, where=str(config_file))
     for item in overrides:
         config = apply_override(config, item)
-    return checked(config)
+    return with_model(config)
+
+
+def with_model(data: dict[str, Any]) -> Config:
+    """The checked config; with ``tokenize.model``, its profile ``profiles.model`` is the
+    directory's settings with the keys given under ``profiles.model`` over them, the tokenizer
+    is the directory's (unless ``tokenize.tokenizer`` names another), and the family's cost
+    model is ``balance.cost_model.model`` unless one is given."""
+    config = checked({**data, "profiles": {k: v for k, v in data["profiles"].items() if k != MODEL_PROFILE}})
+    if config.tokenize.model is None:
+        if data["tokenize"].get("profile") == MODEL_PROFILE or MODEL_PROFILE in data["profiles"]:
+            raise ConfigError(f"profiles.{MODEL_PROFILE} is built from tokenize.model, which is not set")
+        return checked(data)
+    from mmpack_udfs.families import model_dir
+    from mmpack_udfs.io import fs
+
+    storage = fs.Storage(fs.S3Options.from_config(config.s3))
+    found = model_dir.read(fs.normalize_uri(config.tokenize.model), storage)
+    data = copy.deepcopy(data)
+    data["profiles"][MODEL_PROFILE] = merge(
+        found.profile,
+        data["profiles"].get(MODEL_PROFILE, {}),
+        where=f"profiles.{MODEL_PROFILE}",
+        prefix=f"profiles.{MODEL_PROFILE}.",
+    )
+    data["profiles"][MODEL_PROFILE]["kind"] = found.kind
+    data["balance"]["cost_model"].setdefault(MODEL_PROFILE, data["balance"]["cost_model"][found.kind])
+    data["tokenize"]["profile"] = MODEL_PROFILE
+    if data["tokenize"].get("tokenizer") is None:
+        data["tokenize"]["tokenizer"] = found.path
+    return checked(data)
 
 
 def defaults() -> dict[str, Any]:

@@ -158,8 +158,9 @@ class SparkConfig(Section):
         "ERROR", description="Spark's log level (`--verbose`: Spark's start-up lines and at least WARN)"
     )
     progress_seconds: Seconds = Field(
-        10, description="seconds between progress lines of a stage when stderr is not a terminal "
-        "(CI, Airflow); on a terminal one line updates in place; `0`: no progress"
+        10,
+        description="seconds between progress lines of a stage when stderr is not a terminal "
+        "(CI, Airflow); on a terminal one line updates in place; `0`: no progress",
     )
     conf: dict[str, SparkSetting] = Field(
         default_factory=lambda: {
@@ -321,7 +322,14 @@ def _tokenizer_dir(value: Any) -> str | None:
 class TokenizeConfig(Section):
     """Stage 2: turning conversations and media into token ids and labels."""
 
-    profile: Text = Field("qwen2_vl", description="a key of `profiles`")
+    model: OptionalText = Field(
+        None,
+        description="a Hugging Face model directory (local, or an `s3://` prefix fetched once to a local "
+        "cache): its `config.json` `model_type` picks the family, its processor configs give every vision "
+        "setting, its tokenizer and chat template are used; the profile is then `profiles.model` (keys set "
+        "there override the directory's values)",
+    )
+    profile: Text = Field("qwen2_vl", description="a key of `profiles` (with `model`: `model`)")
     tokenizer: Annotated[str | None, PlainValidator(_tokenizer_dir)] = Field(
         None,
         description="a local Hugging Face tokenizer directory; `null`: the built-in Qwen2 vocabulary with "
@@ -407,25 +415,57 @@ class BalanceConfig(Section):
     cost_model: dict[str, CostModelConfig] = Field(
         default_factory=lambda: {
             "qwen2_vl": _seven_b_llm(4.0e9, 4.9e5),  # Qwen2-VL's 675 M-parameter ViT (32 × 1280)
+            "qwen2_5_vl": _seven_b_llm(4.0e9, 4.9e5),  # the same ViT size (32 × 1280)
+            "qwen3_vl": _seven_b_llm(2.4e9, 3.7e5),  # Qwen3-VL-8B's ~0.4 B ViT (27 × 1152)
+            "qwen3_5": _seven_b_llm(2.4e9, 3.7e5),  # Qwen3-VL's vision tower
             "internvl": _seven_b_llm(1.8e9, 2.95e5),  # InternViT-300M (24 × 1024)
         },
         description="the cost model of each profile, by profile name",
     )
 
 
+Number = Annotated[int | float, _rule("must be a positive number", _positive)]
+CHAT_MODES = ("chatml", "qwen3", "qwen3_thinking", "qwen3_5")  # families/chat.py: CHAT_RENDERERS
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]  # OpenAI CLIP (Qwen2-VL, Qwen2.5-VL)
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+HALF = [0.5, 0.5, 0.5]  # Qwen3-VL, Qwen3.5
+
+
+def _triple(value: Any) -> list[float]:
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError
+    numbers = [float(_number(v)) for v in value]
+    if not all(math.isfinite(n) for n in numbers):
+        raise ValueError
+    return numbers
+
+
+Triple = Annotated[list[float], _rule("must be a list of 3 numbers", _triple)]
+
+
+class QwenVision(Section):
+    """The vision tower's patching (the same for images and videos)."""
+
+    patch_size: PositiveInt = Field(14, description="vision patch side in pixels")
+    merge_size: PositiveInt = Field(2, description="patches merged per side into one LLM token")
+    temporal_patch_size: PositiveInt = Field(2, description="frames per temporal patch")
+
+
 class Qwen2VLImage(Section):
     min_pixels: PositiveInt = Field(3136, description="smallest resized image (56 × 56)")
     max_pixels: PositiveInt = Field(1003520, description="largest resized image (28 × 28 × 1280)")
+    mean: Triple = Field(CLIP_MEAN, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(CLIP_STD, description="per-channel standard deviation")
 
 
 class Qwen2VLVideo(Section):
-    fps: Annotated[int | float, _rule("must be a positive number", _positive)] = Field(
-        2.0, description="frames sampled per second of video"
-    )
+    fps: Number = Field(2.0, description="frames sampled per second of video")
     min_frames: PositiveInt = Field(4, description="fewest sampled frames")
     max_frames: PositiveInt = Field(768, description="most sampled frames")
     min_pixels: PositiveInt = Field(100352, description="smallest resized frame (128 × 28 × 28)")
     max_pixels: PositiveInt = Field(602112, description="largest resized frame (28 × 28 × 768)")
+    mean: Triple = Field(CLIP_MEAN, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(CLIP_STD, description="per-channel standard deviation")
 
 
 class ProfileSection(Section):
@@ -433,7 +473,12 @@ class ProfileSection(Section):
 
     kind: str = Field(description="which model family the profile describes")
     default_system: str = Field(
-        "You are a helpful assistant.", description="system prompt of samples that have none"
+        "You are a helpful assistant.", description="system prompt of samples that have none (empty: none)"
+    )
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field(
+        "chatml",
+        description="how turns render (families/chat.py): `chatml`, `qwen3`, `qwen3_thinking`, `qwen3_5`; "
+        "with `tokenize.model`: the one that reproduces the directory's chat template",
     )
 
 
@@ -441,8 +486,57 @@ class Qwen2VLProfile(ProfileSection):
     """Qwen2-VL: dynamic resolution, (h/28)(w/28) tokens per image."""
 
     kind: Literal["qwen2_vl"] = Field("qwen2_vl", description="which model family the profile describes")
+    vision: QwenVision = QwenVision()
     image: Qwen2VLImage = Qwen2VLImage()
     video: Qwen2VLVideo = Qwen2VLVideo()
+
+
+class Qwen25VLProfile(Qwen2VLProfile):
+    """Qwen2.5-VL: Qwen2-VL's processor; the mRoPE time axis scaled by seconds."""
+
+    kind: Literal["qwen2_5_vl"] = Field("qwen2_5_vl", description="which model family the profile describes")
+    tokens_per_second: Number = Field(
+        2, description="mRoPE time positions per second of video (config.json vision_config)"
+    )
+
+
+class Qwen3VLImage(Qwen2VLImage):
+    min_pixels: PositiveInt = Field(65536, description="smallest resized image (size.shortest_edge)")
+    max_pixels: PositiveInt = Field(16777216, description="largest resized image (size.longest_edge)")
+    mean: Triple = Field(HALF, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(HALF, description="per-channel standard deviation")
+
+
+class Qwen3VLVideo(Qwen2VLVideo):
+    do_sample_frames: Flag = Field(True, description="sample frames at `fps` (false: every frame)")
+    min_pixels: PositiveInt = Field(
+        4096, description="smallest resized video, all frames (size.shortest_edge)"
+    )
+    max_pixels: PositiveInt = Field(
+        25165824, description="largest resized video, all frames (size.longest_edge)"
+    )
+    cap_pixels_per_frame: Flag = Field(False, description="qwen-vl-utils' per-frame pixel cap")
+    max_video_tokens: PositiveInt = Field(768, description="tokens per frame under that cap")
+    mean: Triple = Field(HALF, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(HALF, description="per-channel standard deviation")
+
+
+class Qwen3VLProfile(ProfileSection):
+    """Qwen3-VL (dense and MoE): patch 16, whole-video pixel budget, timestamped frame groups."""
+
+    kind: Literal["qwen3_vl"] = Field("qwen3_vl", description="which model family the profile describes")
+    default_system: str = Field("", description="system prompt of samples that have none (empty: none)")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("qwen3", description="how turns render")
+    vision: QwenVision = QwenVision(patch_size=16)
+    image: Qwen3VLImage = Qwen3VLImage()
+    video: Qwen3VLVideo = Qwen3VLVideo()
+
+
+class Qwen35Profile(Qwen3VLProfile):
+    """Qwen3.5: Qwen3-VL's processor; hybrid Gated DeltaNet + attention language model."""
+
+    kind: Literal["qwen3_5"] = Field("qwen3_5", description="which model family the profile describes")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("qwen3_5", description="how turns render")
 
 
 class InternVLImage(Section):
@@ -467,9 +561,21 @@ class InternVLProfile(ProfileSection):
     video: InternVLVideo = InternVLVideo()
 
 
-ProfileConfig = Annotated[Qwen2VLProfile | InternVLProfile, Field(discriminator="kind")]
+ProfileConfig = Annotated[
+    Qwen2VLProfile | Qwen25VLProfile | Qwen3VLProfile | Qwen35Profile | InternVLProfile,
+    Field(discriminator="kind"),
+]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
-PROFILE_KINDS = ("qwen2_vl", "internvl")
+PROFILE_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl")
+PROFILE_MODELS: dict[str, type[ProfileSection]] = {
+    "qwen2_vl": Qwen2VLProfile,
+    "qwen2_5_vl": Qwen25VLProfile,
+    "qwen3_vl": Qwen3VLProfile,
+    "qwen3_5": Qwen35Profile,
+    "internvl": InternVLProfile,
+}
+MODEL_PROFILE = "model"  # the profile built from tokenize.model
+QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")  # patch-based (prepared media, mRoPE)
 
 
 class Config(Section):
@@ -503,7 +609,13 @@ class Config(Section):
     pack: PackConfig = PackConfig()
     balance: BalanceConfig = BalanceConfig()
     profiles: dict[str, ProfileConfig] = Field(
-        default_factory=lambda: {"qwen2_vl": Qwen2VLProfile(), "internvl": InternVLProfile()},
+        default_factory=lambda: {
+            "qwen2_vl": Qwen2VLProfile(),
+            "qwen2_5_vl": Qwen25VLProfile(),
+            "qwen3_vl": Qwen3VLProfile(),
+            "qwen3_5": Qwen35Profile(),
+            "internvl": InternVLProfile(),
+        },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",
     )
@@ -523,10 +635,12 @@ class Config(Section):
                     "balance.cost_model.{name}: profile '{name}' has no cost model",
                     {"name": name},
                 )
-        if self.pack.media == "prepared" and (self.profile.kind != "qwen2_vl" or not self.pack.embed_media):
+        if self.pack.media == "prepared" and (
+            self.profile.kind not in QWEN_KINDS or not self.pack.embed_media
+        ):
             raise PydanticCustomError(
                 "mmpack_named",
-                "pack.media: prepared needs pack.embed_media true and a qwen2_vl profile (tokenize.profile "
+                "pack.media: prepared needs pack.embed_media true and a Qwen-VL profile (tokenize.profile "
                 "'{name}' is {kind})",
                 {"name": self.tokenize.profile, "kind": self.profile.kind},
             )
@@ -540,7 +654,7 @@ class Config(Section):
 
     # -- views the stages use --------------------------------------------------------------
     @property
-    def profile(self) -> Qwen2VLProfile | InternVLProfile:
+    def profile(self) -> Qwen2VLProfile | Qwen3VLProfile | InternVLProfile:
         """The profile the run tokenizes with (``profiles[tokenize.profile]``)."""
         return self.profiles[self.tokenize.profile]
 

@@ -35,6 +35,7 @@ from mmpack_udfs import schemas
 from mmpack_udfs.config import Config, config_hash
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 from mmpack_udfs.errors import MmpackError
+from mmpack_udfs.families import model_dir
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import costs, shards
@@ -434,6 +435,7 @@ def build_manifest(
         "run_id": run_id,
         "source": {"table": tokenized_uri, "version": version},
         "profile": config.tokenize.profile,
+        "model": model_dir.recorded(config),
         "budget": settings.budget,
         "second_budget": {"by": settings.second_by, "max": settings.second_budget},
         "media_embedded": settings.embed_media,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,17 +28,17 @@ import pyarrow as pa
 
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.errors import ConfigError
+from mmpack_udfs.families import Family, MediaPlan, make_family
+from mmpack_udfs.io import fs
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
 from mmpack_udfs.tokenize import fast
 from mmpack_udfs.tokenize import tokenizer as tokenizers
-from mmpack_udfs.tokenize.profiles import MediaPlan, Profile, make_profile
 
 if TYPE_CHECKING:
     from mmpack_udfs.config import Config
 
 MODEL_SIDE = {"assistant", "function_call"}
-TEMPLATE_ROLE = {"function_call": "assistant"}
 PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 
 
@@ -51,6 +52,16 @@ class TokenizeSettings:
     loss: str = "assistant"
     tokenizer_json: bool = False  # workers may load tokenizer.json alone (checked on the driver)
     fast_encoder: bool = False  # workers may encode with the tiktoken port (proven on the driver)
+    model_source: str | None = None  # an s3:// tokenize.model: each machine fetches its own copy
+
+    def on_this_machine(self, storage) -> TokenizeSettings:
+        """These settings with the tokenizer directory present on this machine: an s3:// model
+        directory is fetched to this machine's cache (once) when the driver's copy is not here."""
+        if self.model_source is None or os.path.isdir(self.tokenizer_path):
+            return self
+        from mmpack_udfs.families import model_dir
+
+        return dataclasses.replace(self, tokenizer_path=model_dir.fetch(self.model_source, storage))
 
     @classmethod
     def from_config(cls, config: Config) -> TokenizeSettings:
@@ -67,6 +78,7 @@ class TokenizeSettings:
             over_length=section.over_length,
             loss=section.loss,
             tokenizer_json=tokenizers.json_matches_auto(path),
+            model_source=section.model if section.model and fs.is_s3(section.model) else None,
         )
         settings.check_tokenizer()
         return dataclasses.replace(
@@ -77,7 +89,7 @@ class TokenizeSettings:
         """Raise ConfigError naming the tokens of the profile's chat format and media spans
         that the tokenizer lacks."""
         backend = tokenizers.load_backend(self.tokenizer_path, self.tokenizer_json)
-        profile = make_profile(self.profile_name, self.profile)
+        profile = make_family(self.profile_name, self.profile)
         missing = sorted(t for t in profile.special_tokens() if backend.token_to_id(t) is None)
         if missing:
             raise ConfigError(
@@ -122,7 +134,7 @@ class SampleTokenizer:
         self.fast = (
             fast.load(settings.tokenizer_path, self.backend, proven=True) if settings.fast_encoder else None
         )
-        self.profile: Profile = make_profile(settings.profile_name, settings.profile)
+        self.profile: Family = make_family(settings.profile_name, settings.profile)
         self.special = {tok: self._token_id(tok) for tok in self.profile.special_tokens()}
         self._constants: dict[str, tuple[int, ...]] = {}
 
@@ -149,30 +161,35 @@ class SampleTokenizer:
     def render(
         self, system: str | None, turns: Sequence[Mapping[str, str]], plans: Sequence[MediaPlan]
     ) -> list[Piece]:
-        """The pieces of one conversation; media plans are consumed in placeholder order."""
-        chat = self.profile.chat
+        """The pieces of one conversation, as the family's chat renderer lays out its turns;
+        media plans are consumed in placeholder order."""
+        chat, renderer = self.profile.chat, self.profile.renderer
         im_start, im_end = (self.special[chat.turn_start],), (self.special[chat.turn_end],)
         newline = self._constant(chat.separator)
         pieces: list[Piece] = []
         if system is None:
             system = self.profile.default_system
         if system is not None:
+            system = renderer.system(system)
             head = f"system{chat.separator}{system}"
             body = Piece(None, self._constant(head)) if system == self.profile.default_system else Piece(head)
             pieces += [Piece(None, im_start), body, Piece(None, im_end), Piece(None, newline)]
         supervised = self._supervised_turns(turns)
         next_media = 0
-        for t, turn in enumerate(turns):
+        for t, layout in enumerate(renderer.turns(turns)):
             sup = t in supervised
-            header = TEMPLATE_ROLE.get(turn["role"], turn["role"]) + chat.separator
+            header = layout.role + chat.separator
             pieces.append(Piece(None, im_start, turn=t))
-            text = turn["text"]
+            if layout.before:  # the header stands alone: a token follows it
+                pieces.append(Piece(None, self._constant(header), turn=t))
+                pieces += self._layout_pieces(layout.before, sup, t)
+            text = layout.body
             parts = PLACEHOLDER.split(text) if "<" in text else (text,)
             for k, part in enumerate(parts):
                 if k % 2 == 1:  # a placeholder
                     pieces += self._media_pieces(plans[next_media], next_media, t)
                     next_media += 1
-                elif k > 0:
+                elif k > 0 or layout.before:
                     if part:
                         pieces.append(Piece(part, supervised=sup, turn=t))
                 elif part[:1].isspace():  # may merge with the header's newline: encode together
@@ -181,6 +198,7 @@ class SampleTokenizer:
                     pieces.append(Piece(None, self._constant(header), turn=t))
                     if part:
                         pieces.append(Piece(part, supervised=sup, turn=t))
+            pieces += self._layout_pieces(layout.after, sup, t)
             pieces.append(Piece(None, im_end, supervised=sup, turn=t))
             pieces.append(Piece(None, newline, turn=t))
         if next_media != len(plans):
@@ -188,6 +206,15 @@ class SampleTokenizer:
                 Reason.PLACEHOLDER_MEDIA_MISMATCH, f"{next_media} placeholders, {len(plans)} media"
             )
         return pieces
+
+    def _layout_pieces(self, layout: Sequence[tuple[str, str]], supervised: bool, turn: int) -> list[Piece]:
+        """Tokens (by id) and texts a chat renderer puts around a turn's body."""
+        return [
+            Piece(None, (self.special[value],), supervised=supervised, turn=turn)
+            if what == "token"
+            else Piece(value, supervised=supervised, turn=turn)
+            for what, value in layout
+        ]
 
     def _supervised_turns(self, turns: Sequence[Mapping[str, str]]) -> set[int]:
         model = [i for i, t in enumerate(turns) if t["role"] in MODEL_SIDE]
@@ -198,15 +225,18 @@ class SampleTokenizer:
         return set(model)
 
     def _media_pieces(self, plan: MediaPlan, index: int, turn: int) -> list[Piece]:
-        tokens = self.profile.media_tokens[plan.kind]
-        before = tuple(self.special[t] for t in tokens.before)
-        after = tuple(self.special[t] for t in tokens.after)
-        pad = (self.special[tokens.pad],)
-        return [
-            Piece(None, before, turn=turn, span=index),
-            Piece(None, pad, repeat=plan.num_tokens, media=index, turn=turn, span=index),
-            Piece(None, after, turn=turn, span=index),
-        ]
+        """The pieces of one media item, as its family lays it out: wrapper tokens, pad runs
+        (each marked with the item's index) and texts (Qwen3-VL's timestamps)."""
+        pieces = []
+        for what, value in self.profile.media_layout(plan):
+            if what == "token":
+                pieces.append(Piece(None, (self.special[value],), turn=turn, span=index))
+            elif what == "pad":
+                pad = (self.special[self.profile.media_tokens[plan.kind].pad],)
+                pieces.append(Piece(None, pad, repeat=value, media=index, turn=turn, span=index))
+            else:
+                pieces.append(Piece(value, turn=turn, span=index))
+        return pieces
 
     # --- encoding ----------------------------------------------------------------------
 
@@ -376,16 +406,19 @@ def _tokens_before(offsets: Sequence[tuple[int, int]], chars: int) -> int:
 
 def _assemble(sample_id: str, sample, plans, pieces, enc: Encoded) -> Tokenized:
     result = Tokenized(sample_id, sample["sample_id"], sample["dataset"], enc.ids, enc.labels)
+    runs: dict[int, list[int]] = {}  # media index -> token offsets of its pad runs
     offset = 0
     for piece, length in zip(pieces, enc.lengths, strict=True):
         if piece.media >= 0:
-            plan = plans[piece.media]
-            result.media.append(_media_row(sample["media"][piece.media], plan, offset))
-            if plan.kind == "image":
-                result.image_tokens += plan.num_tokens
-            else:
-                result.video_tokens += plan.num_tokens
+            runs.setdefault(piece.media, []).append(offset)
         offset += length
+    for index, starts in runs.items():
+        plan = plans[index]
+        result.media.append(_media_row(sample["media"][index], plan, starts))
+        if plan.kind == "image":
+            result.image_tokens += plan.num_tokens
+        else:
+            result.video_tokens += plan.num_tokens
     return result
 
 
@@ -418,7 +451,8 @@ def _media_counts_per_turn(turns: Sequence[Mapping[str, str]]) -> list[int]:
     return counts
 
 
-def _media_row(source: Mapping[str, Any], plan: MediaPlan, offset: int) -> dict:
+def _media_row(source: Mapping[str, Any], plan: MediaPlan, run_starts: Sequence[int]) -> dict:
+    offset = run_starts[0]
     return {
         "kind": plan.kind,
         "uri": source["uri"],
@@ -432,6 +466,8 @@ def _media_row(source: Mapping[str, Any], plan: MediaPlan, offset: int) -> dict:
         "token_offset": offset,
         "num_tokens": plan.num_tokens,
         "frame_indices": list(plan.frame_indices) if plan.kind == "video" else None,
+        "second_per_grid_t": plan.second_per_grid_t,
+        "group_starts": [s - offset for s in run_starts] if len(run_starts) > 1 else None,
     }
 
 

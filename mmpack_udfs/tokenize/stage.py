@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from mmpack_udfs import schemas
 from mmpack_udfs.config import Config
 from mmpack_udfs.errors import ReconciliationError
+from mmpack_udfs.families import model_dir
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
@@ -126,7 +127,7 @@ class UnitTask:
 
     def setup(self) -> None:
         started = time.perf_counter()
-        self.tokenizer = worker_tokenizer(self.settings)
+        self.tokenizer = worker_tokenizer(self.settings.on_this_machine(self.storage))
         self.setup_seconds = time.perf_counter() - started
 
     def process(self, unit: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,6 +241,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         "output": ctx.output,
         "samples_version": samples_version,
         "profile": settings.profile_name,
+        "model": model_dir.recorded(ctx.config),
         "tokenizer": settings.tokenizer_path,
         "max_tokens": settings.max_tokens,
         "over_length": settings.over_length,
@@ -314,6 +316,11 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"  supervised {t['supervised']:,} ({100 * t['supervised'] / t['total']:.1f} %)",
             f"  tokens per sample: mean {t['mean']}, p50 {t['p50']}, p99 {t['p99']}, max {t['max']}",
         ]
+    model = summary.get("model")
+    if model:
+        family = f"family {model['family']}, chat {model['chat']}"
+        lines.append(f"  model {model['source']}: {model['model_type']} ({family})")
+        lines += [f"  note: {note}" for note in model["notes"]]
     if summary["reasons"]:
         lines.append("  quarantine reasons: " + ", ".join(f"{r} {n}" for r, n in summary["reasons"].items()))
     for name, table in summary["tables"].items():

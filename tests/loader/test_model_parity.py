@@ -77,13 +77,15 @@ def with_attention(model, name: str):
     return model.eval()
 
 
-def sample_media(batch, cu: list[int]) -> list[dict]:
-    """Each sample's own vision inputs, cut out of the batch by its pad tokens (in order)."""
+def sample_media(batch, cu: list[int], pads: tuple[int, int] = (IMAGE_PAD, VIDEO_PAD)) -> list[dict]:
+    """Each sample's own vision inputs, cut out of the batch by its pad tokens (in order);
+    Qwen2.5-VL videos with their ``second_per_grid_ts``."""
     ids = batch["input_ids"][0]
     out = [{} for _ in cu[:-1]]
+    videos = 0
     for pad, pixels_key, grid_key in (
-        (IMAGE_PAD, "pixel_values", "image_grid_thw"),
-        (VIDEO_PAD, "pixel_values_videos", "video_grid_thw"),
+        (pads[0], "pixel_values", "image_grid_thw"),
+        (pads[1], "pixel_values_videos", "video_grid_thw"),
     ):
         if grid_key not in batch:
             continue
@@ -100,13 +102,19 @@ def sample_media(batch, cu: list[int]) -> list[dict]:
                 out[s][pixels_key] = batch[pixels_key][patch : patch + size]
                 out[s][grid_key] = grids[mine]
                 patch += size
+                if pixels_key == "pixel_values_videos" and "second_per_grid_ts" in batch.meta:
+                    out[s]["second_per_grid_ts"] = batch.meta["second_per_grid_ts"][
+                        videos : videos + len(mine)
+                    ]
+                    videos += len(mine)
         assert item == len(grids) and patch == len(batch[pixels_key])
     return out
 
 
 def alone(model, ids: torch.Tensor, labels: torch.Tensor, media: dict):
     """One sample as a user runs it unpacked: the model computes its own mRoPE."""
-    kinds = (ids == IMAGE_PAD).int() + 2 * (ids == VIDEO_PAD).int()
+    config = model.config
+    kinds = (ids == config.image_token_id).int() + 2 * (ids == config.video_token_id).int()
     return model(input_ids=ids[None], labels=labels[None], mm_token_type_ids=kinds[None], **media)
 
 

@@ -13,13 +13,13 @@ from PIL import Image
 
 from loader import vision
 from mmpack_udfs.config import load_config
-from mmpack_udfs.tokenize.profiles import make_profile
+from mmpack_udfs.families import make_family
 
 IMAGE_PAD, VIDEO_PAD = 151655, 151656
 
 
 def planned(image: Image.Image) -> dict:
-    profile = make_profile("qwen2_vl", load_config().profiles["qwen2_vl"].model_dump())
+    profile = make_family("qwen2_vl", load_config().profiles["qwen2_vl"].model_dump())
     plan = profile.plan_image(*image.size)
     return {
         "kind": "image",
@@ -80,9 +80,10 @@ def test_mrope_positions_equal_get_rope_index():
         media.append({"kind": kind, "token_offset": len(ids), "grid_t": t, "grid_h": h, "grid_w": w})
         grids[kind].append([t, h, w])
         ids += [IMAGE_PAD if kind == "image" else VIDEO_PAD] * count
-    ours = vision.mrope_positions(len(ids), media)
+    family = make_family("qwen2_vl", load_config().profiles["qwen2_vl"].model_dump())
+    ours = family.positions(len(ids), media)
     np.testing.assert_array_equal(ours, rope_oracle(ids, grids["image"], grids["video"]))
-    assert (vision.mrope_positions(4, []) == np.arange(4)).all()
+    assert (family.positions(4, []) == np.arange(4)).all()
 
 
 def test_internvl_tiles_follow_the_stored_grid():

@@ -153,7 +153,7 @@ def test_a_truncated_video_is_planned_from_the_frames_that_decode(tmp_path):
 
     from loader.vision import decode_frames
     from mmpack_udfs.config import load_config
-    from mmpack_udfs.tokenize.profiles import make_profile
+    from mmpack_udfs.families import make_family
 
     whole, cut = tmp_path / "whole.avi", tmp_path / "cut.avi"
     writer = cv2.VideoWriter(str(whole), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (64, 48))
@@ -169,7 +169,7 @@ def test_a_truncated_video_is_planned_from_the_frames_that_decode(tmp_path):
 
     info = media.probe("video", str(cut), media.ProbeSettings())
     assert info.frames == decodable and info.duration == decodable / info.fps
-    profile = make_profile("qwen2_vl", load_config().profiles["qwen2_vl"].model_dump())
+    profile = make_family("qwen2_vl", load_config().profiles["qwen2_vl"].model_dump())
     planned = profile.plan_video(info.frames, info.fps, info.width, info.height).frame_indices
     from_header = profile.plan_video(claimed, info.fps, info.width, info.height).frame_indices
     assert max(from_header) >= decodable  # what the loader could not read before

@@ -1,0 +1,152 @@
+"""Tiny random models of every family mmpack packs for, small enough for a CPU.
+
+Each is a real transformers model of that family with the published vocabulary size and
+special-token ids (the shards hold real ids) and the published vision geometry (patch,
+merge and temporal patch sizes, ``tokens_per_second``), with tiny widths and depths.
+``tiny_config(model_type)`` is its ``config.json``; the tests write it into the model
+directories they build, and ``train_qwen2_vl.py --model tiny-<model_type>`` trains one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QWEN2_IDS = {
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+}
+QWEN3_5_IDS = {
+    "image_token_id": 248056,
+    "video_token_id": 248057,
+    "vision_start_token_id": 248053,
+    "vision_end_token_id": 248054,
+}
+TEXT = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 32768,
+}
+VISION = {
+    "depth": 2,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_heads": 2,
+    "out_hidden_size": 32,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
+MOE = {"moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2}
+HYBRID = {
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+
+
+def _rope(section: list[int], **extra: Any) -> dict[str, Any]:
+    return {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section, **extra}
+    }
+
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen2_vl": {
+        "text_config": {
+            "vocab_size": 151936,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            **_rope([2, 1, 1]),
+        },
+        "vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 16, "num_heads": 2, "mlp_ratio": 2},
+        **QWEN2_IDS,
+    },
+    "qwen2_5_vl": {
+        "text_config": {**TEXT, "vocab_size": 151936, **_rope([2, 1, 1])},
+        "vision_config": {
+            **VISION,
+            "patch_size": 14,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],
+            "tokens_per_second": 2,
+        },
+        **QWEN2_IDS,
+    },
+    "qwen3_vl": {
+        "text_config": {**TEXT, "vocab_size": 151936, **_rope([2, 1, 1], mrope_interleaved=True)},
+        "vision_config": {
+            **VISION,
+            "patch_size": 16,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+        },
+        **QWEN2_IDS,
+    },
+    "qwen3_vl_moe": {
+        "text_config": {
+            **TEXT,
+            **MOE,
+            "decoder_sparse_step": 1,
+            "vocab_size": 151936,
+            **_rope([2, 1, 1], mrope_interleaved=True),
+        },
+        "vision_config": {
+            **VISION,
+            "patch_size": 16,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+        },
+        **QWEN2_IDS,
+    },
+    "qwen3_5": {
+        "text_config": {
+            **TEXT,
+            **HYBRID,
+            "vocab_size": 248320,
+            **_rope([1, 1, 0], mrope_interleaved=True, partial_rotary_factor=0.5),
+        },
+        "vision_config": {**VISION, "patch_size": 16, "num_position_embeddings": 16},
+        **QWEN3_5_IDS,
+    },
+    "qwen3_5_moe": {
+        "text_config": {
+            **{k: v for k, v in TEXT.items() if k != "intermediate_size"},
+            **HYBRID,
+            **MOE,
+            "shared_expert_intermediate_size": 16,
+            "vocab_size": 248320,
+            **_rope([1, 1, 0], mrope_interleaved=True, partial_rotary_factor=0.5),
+        },
+        "vision_config": {**VISION, "patch_size": 16, "num_position_embeddings": 16},
+        **QWEN3_5_IDS,
+    },
+}
+
+
+def tiny_config(model_type: str) -> dict[str, Any]:
+    """The ``config.json`` of the tiny model of ``model_type``."""
+    return {"model_type": model_type, **TINY_CONFIGS[model_type]}
+
+
+def tiny_model(model_type: str, seed: int = 0, attn_implementation: str = "sdpa"):
+    """A random tiny model of ``model_type`` (fp32)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(**tiny_config(model_type))
+    return AutoModelForImageTextToText.from_config(
+        config, attn_implementation=attn_implementation, dtype=torch.float32
+    ).eval()

@@ -1,0 +1,149 @@
+"""What every model family has in common: media plans, the chat format, the media token
+layout, and the rules a family's subclass fills in.
+
+A family (``Family`` subclass, one module per model line) says how a model turns media
+into tokens (``plan_image``, ``plan_video``, ``media_layout``), how its chat template
+renders a turn (``chat``), which positions its language model needs (``positions``) and
+which pixel layout its vision tower takes. The tokenize stage, the pack stage and the
+Spark-free loader all use the same family object, built from a profile's settings (a
+plain mapping: the ``profiles.<name>`` config section, or one resolved from a model
+directory by ``families.model_dir``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mmpack_udfs.reasons import Reason, Rejected
+
+
+@dataclass(frozen=True)
+class MediaPlan:
+    """What one media item becomes: its grid, token count and (videos) the frames to decode."""
+
+    kind: str
+    grid: tuple[int, int, int]  # qwen: (t, h, w) in vision patches; internvl: (t, rows, cols) tiles
+    num_tokens: int  # pad tokens of the item, all groups together
+    resized: tuple[int, int]  # (height, width) the vision encoder sees (per tile for internvl)
+    frame_indices: tuple[int, ...] = ()
+    second_per_grid_t: float | None = None  # videos: seconds per temporal patch (Qwen2.5-VL's mRoPE)
+    timestamps: tuple[float, ...] = ()  # videos rendered per temporal group (Qwen3-VL): each group's time
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How a turn is rendered: ``turn_start + role + separator + text + turn_end + separator``."""
+
+    turn_start: str = "<|im_start|>"
+    turn_end: str = "<|im_end|>"
+    separator: str = "\n"  # after the role header and after every turn
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """The literal tokens around a media span and the pad token repeated inside it."""
+
+    before: tuple[str, ...]
+    pad: str
+    after: tuple[str, ...]
+
+
+# One element of a media item's token layout: ("token", "<|vision_start|>"), ("pad", n) for n
+# copies of the item's pad token, ("text", "<0.5 seconds>") for text encoded in place.
+LayoutElement = tuple[str, Any]
+
+
+class Family:
+    """A model family's rendering rules. Subclasses decide the media token counts."""
+
+    kind = ""
+    chat: ClassVar[ChatFormat] = ChatFormat()  # ChatML
+    chat_modes: ClassVar[tuple[str, ...]] = ("chatml",)  # the renderers its templates may need
+    media_tokens: ClassVar[dict[str, MediaTokens]] = {}
+    mrope = False  # whether the language model takes 3-row multimodal rotary positions
+    linear_attention = False  # whether its language model has recurrent (linear-attention) layers
+
+    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
+        from mmpack_udfs.families.chat import CHAT_RENDERERS
+
+        self.name = name
+        self.settings = settings
+        self.default_system: str | None = settings.get("default_system") or None
+        self.renderer = CHAT_RENDERERS[settings.get("chat", "chatml")]
+        self._plans: dict[tuple, MediaPlan] = {}
+
+    def special_tokens(self) -> set[str]:
+        """Every token the family inserts by id: its chat format's, its renderer's and its
+        media wrappers'."""
+        tokens = {self.chat.turn_start, self.chat.turn_end, *self.renderer.tokens}
+        for m in self.media_tokens.values():
+            tokens |= {*m.before, m.pad, *m.after}
+        return tokens
+
+    def plan(self, media: Mapping[str, Any]) -> MediaPlan:
+        """The plan for one probed media item (a row of the samples table's ``media``); plans
+        depend only on the geometry, so they are cached."""
+        key = (media["kind"], media["width"], media["height"], media["frames"], media["fps"])
+        plan = self._plans.get(key)
+        if plan is None:
+            if media["kind"] == "image":
+                plan = self.plan_image(media["width"], media["height"])
+            else:
+                plan = self.plan_video(media["frames"], media["fps"], media["width"], media["height"])
+            if len(self._plans) < 100_000:
+                self._plans[key] = plan
+        return plan
+
+    def plan_image(self, width: int, height: int) -> MediaPlan:
+        raise NotImplementedError
+
+    def plan_video(self, frames: int, fps: float, width: int, height: int) -> MediaPlan:
+        raise NotImplementedError
+
+    def media_layout(self, plan: MediaPlan) -> list[LayoutElement]:
+        """The tokens of one media item: its wrappers around one run of its pad token."""
+        tokens = self.media_tokens[plan.kind]
+        return [
+            *(("token", t) for t in tokens.before),
+            ("pad", plan.num_tokens),
+            *(("token", t) for t in tokens.after),
+        ]
+
+    def positions(self, length: int, media: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
+        """Extra position rows of one sample alone (mRoPE: [3, length]); None: 1-D positions."""
+        return None
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """transformers' Qwen2-VL ``smart_resize`` (image processors of Qwen2-VL, Qwen2.5-VL and
+    Qwen3-VL): both sides multiples of ``factor``, the area within [min, max] pixels, the
+    aspect ratio kept (a test checks it against transformers' function)."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}"
+        )
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def rejected_resize(err: ValueError, width: int, height: int) -> Rejected:
+    """A resize rule's ValueError (e.g. aspect ratio over 200) as a quarantine reason."""
+    return Rejected(Reason.MEDIA_UNSUPPORTED, f"{width}x{height}: {err}")
+
+
+def torch_arange_int(end: int, step: float) -> list[int]:
+    """``torch.arange(0, end, step).int().tolist()`` for a float ``step``, in numpy."""
+    return np.arange(0, end, step).astype(np.float32).astype(np.int64).tolist()

@@ -1,0 +1,142 @@
+"""How a family's chat template renders a conversation, turn by turn.
+
+mmpack renders conversations itself (a batch at a time, special tokens by id) and proves on
+the driver that the rendering is the model's own: ``tokenize.template_check`` renders probe
+conversations with the directory's chat template and with every renderer its family knows
+(``Family.chat_modes``), and keeps the one whose ids are identical (none: the run is
+refused). The renderers:
+
+- ``chatml``: Qwen2-VL / Qwen2.5-VL. ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` for every
+  turn, roles as they are (``tool`` included).
+- ``qwen3``: Qwen3-VL Instruct. As ChatML, but a tool turn is a user turn holding
+  ``\\n<tool_response>\\n{content}\\n</tool_response>``.
+- ``qwen3_thinking``: Qwen3-VL Thinking. As ``qwen3``; an assistant turn's ``<think>…</think>``
+  prefix is its reasoning: dropped in turns before the last user query, and after it, when the
+  turn is the last one or has reasoning, rendered as ``<think>\\n{reasoning}\\n</think>\\n\\n``
+  + the answer (the template's empty think block on a final turn without reasoning).
+- ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
+  carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
+
+Supervised tokens (``tokenize.loss``): everything a supervised turn renders after its role
+header (think block, answer, ``<|im_end|>``); never the header, the template's newline after
+``<|im_end|>``, the system prompt or a tool turn's wrapper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mmpack_udfs.families.base import LayoutElement
+from mmpack_udfs.reasons import Reason, Rejected
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_OPEN, TOOL_CLOSE = "<tool_response>", "</tool_response>"
+TEMPLATE_ROLE = {"function_call": "assistant"}
+
+
+@dataclass(frozen=True)
+class TurnLayout:
+    """One turn after its ``<|im_start|>``: ``role`` + newline, then ``before`` (tokens and
+    texts), the ``body`` (text with media placeholders), then ``after``."""
+
+    role: str
+    body: str
+    before: list[LayoutElement] = field(default_factory=list)
+    after: list[LayoutElement] = field(default_factory=list)
+
+
+class ChatML:
+    """Qwen2-VL's template: roles and contents as they are."""
+
+    name = "chatml"
+    tokens: tuple[str, ...] = ()  # tokens the renderer inserts by id, besides the chat format's
+
+    def system(self, text: str) -> str:
+        return text
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        return [TurnLayout(TEMPLATE_ROLE.get(t["role"], t["role"]), t["text"]) for t in turns]
+
+
+class Qwen3(ChatML):
+    """Qwen3-VL Instruct: tool turns as user turns holding a tool response."""
+
+    name = "qwen3"
+    tokens = (TOOL_OPEN, TOOL_CLOSE)
+    trim = False
+
+    def content(self, text: str) -> str:
+        return text.strip() if self.trim else text
+
+    def system(self, text: str) -> str:
+        return self.content(text)
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        last_query = self.last_query(turns)
+        out = []
+        for index, turn in enumerate(turns):
+            text = self.content(turn["text"])
+            if turn["role"] == "tool":
+                body = "\n" + text + "\n"
+                out.append(TurnLayout("user", body, [("token", TOOL_OPEN)], [("token", TOOL_CLOSE)]))
+            elif turn["role"] == "user":
+                out.append(TurnLayout("user", text))
+            else:
+                final = index == len(turns) - 1
+                out.append(self.assistant(text, index > last_query, final))
+        return out
+
+    def last_query(self, turns: Sequence[Mapping[str, str]]) -> int:
+        """Index of the last user turn that is not a wrapped tool response (the template's
+        ``last_query_index``)."""
+        for index in range(len(turns) - 1, -1, -1):
+            text = self.content(turns[index]["text"])
+            if turns[index]["role"] == "user" and not (
+                text.startswith(TOOL_OPEN) and text.endswith(TOOL_CLOSE)
+            ):
+                return index
+        raise Rejected(Reason.TEMPLATE_REFUSES, "no user query (only tool responses)")
+
+    def assistant(self, text: str, after_query: bool, final: bool) -> TurnLayout:
+        return TurnLayout("assistant", text)
+
+
+class Qwen3Thinking(Qwen3):
+    """Qwen3-VL Thinking: reasoning split off the answer; a think block after the last query."""
+
+    name = "qwen3_thinking"
+    tokens = (TOOL_OPEN, TOOL_CLOSE, THINK_OPEN, THINK_CLOSE)
+
+    def split(self, text: str) -> tuple[str, str]:
+        """(reasoning, answer) as the template splits an assistant turn at ``</think>``."""
+        if THINK_CLOSE not in text:
+            return "", text
+        reasoning = text.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+        return reasoning, text.split(THINK_CLOSE)[-1].lstrip("\n")
+
+    def assistant(self, text: str, after_query: bool, final: bool) -> TurnLayout:
+        reasoning, answer = self.split(text)
+        if after_query and (final or reasoning):
+            return self.think_block(reasoning.strip("\n"), answer.lstrip("\n"))
+        return TurnLayout("assistant", answer)
+
+    def think_block(self, reasoning: str, answer: str) -> TurnLayout:
+        thought: list[LayoutElement] = [("token", THINK_OPEN), ("text", "\n" + reasoning + "\n")]
+        return TurnLayout("assistant", "\n\n" + answer, [*thought, ("token", THINK_CLOSE)])
+
+
+class Qwen35(Qwen3Thinking):
+    """Qwen3.5: contents trimmed; every assistant turn after the last query thinks."""
+
+    name = "qwen3_5"
+    trim = True
+
+    def assistant(self, text: str, after_query: bool, final: bool) -> TurnLayout:
+        reasoning, answer = self.split(text)
+        if after_query:
+            return self.think_block(reasoning.strip(), answer)
+        return TurnLayout("assistant", answer)
+
+
+CHAT_RENDERERS: dict[str, ChatML] = {r.name: r for r in (ChatML(), Qwen3(), Qwen3Thinking(), Qwen35())}

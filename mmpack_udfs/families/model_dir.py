@@ -1,0 +1,337 @@
+"""A Hugging Face model directory → the profile mmpack tokenizes with.
+
+Trainers are pointed at a model directory; so is mmpack (``tokenize.model``). Its
+``config.json`` ``model_type`` picks the family (``families.MODEL_TYPES``); every vision
+setting comes from the processor configs, resolved as transformers resolves them: the
+processor class's defaults, then the file's keys (``size`` for the pixel limits, the
+older ``min_pixels``/``max_pixels`` keys over it). A directory without a video processor
+config gets the profile's own ``video`` defaults (qwen-vl-utils' values for Qwen2.5-VL),
+and the resolution says so in its ``notes``. An ``s3://`` directory is copied once to a
+local cache (``fetch``) on the driver and on each executor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmpack_udfs.config.model import MODEL_PROFILE
+from mmpack_udfs.errors import ConfigError
+from mmpack_udfs.families import MODEL_TYPES
+from mmpack_udfs.io import fs
+
+TEMPLATE_FILES = (
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer_config.json",
+    "processor_config.json",
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+# transformers' processor class defaults (5.23: Qwen2VLImageProcessor, Qwen2VLVideoProcessor,
+# Qwen3VLVideoProcessor), before a directory's files override them.
+QWEN2_IMAGE_DEFAULTS = {
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280},
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+VIDEO_DEFAULTS = {
+    "qwen2": {
+        **QWEN2_IMAGE_DEFAULTS,
+        "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
+        "min_frames": 4,
+        "max_frames": 768,
+        "fps": 2,
+        "do_sample_frames": False,
+    },
+    "qwen3": {
+        **QWEN2_IMAGE_DEFAULTS,
+        "patch_size": 16,
+        "size": {"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768},
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "min_frames": 4,
+        "max_frames": 768,
+        "fps": 2,
+        "do_sample_frames": True,
+        "cap_pixels_per_frame": False,
+        "max_video_tokens": 768,
+    },
+}
+
+
+@dataclass(frozen=True)
+class ModelDirectory:
+    """What a model directory says: its family and the settings of its profile."""
+
+    path: str  # local directory (the cache copy of an s3:// one)
+    source: str  # as configured
+    model_type: str
+    kind: str  # the family
+    profile: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        """What the manifest and the run summary record of the model."""
+        return {
+            "source": self.source,
+            "model_type": self.model_type,
+            "family": self.kind,
+            "notes": self.notes,
+        }
+
+
+def recorded(config) -> dict[str, Any] | None:
+    """What the run summary and the manifest record of ``tokenize.model`` (None without one):
+    its source, model type, family, chat renderer and the notes of its resolution."""
+    if config.tokenize.model is None:
+        return None
+    found = read(fs.normalize_uri(config.tokenize.model), fs.Storage(fs.S3Options.from_config(config.s3)))
+    return {**found.record(), "chat": config.profile.chat}
+
+
+def read(source: str, storage: fs.Storage = fs.LOCAL) -> ModelDirectory:
+    """Resolve a model directory (raises ConfigError naming what is missing or unsupported)."""
+    path = fetch(source, storage) if fs.is_s3(source) else source
+    if not Path(path).is_dir():
+        raise ConfigError(f"tokenize.model: there is no model directory at {source}")
+    config = _json(path, "config.json", required=True)
+    model_type = config.get("model_type")
+    kind = MODEL_TYPES.get(model_type)
+    if kind is None:
+        raise ConfigError(
+            f"tokenize.model: {source}/config.json has model_type {model_type!r}, which mmpack cannot "
+            f"tokenize exactly (supported: {', '.join(sorted(MODEL_TYPES))})"
+        )
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"tokenize.model: {source} has no tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    if chat_template(path) is None:
+        raise ConfigError(
+            f"tokenize.model: {source} has no chat template ({', '.join(TEMPLATE_FILES)}); mmpack renders "
+            "conversations as the model's own template does and checks it against that template"
+        )
+    notes: list[str] = []
+    profile = _qwen_profile(path, source, kind, config, notes)
+    profile.update(template_settings(path, source, profile))
+    return ModelDirectory(path, source, model_type, kind, profile, notes)
+
+
+def template_settings(path: str, source: str, profile: Mapping[str, Any]) -> dict[str, str]:
+    """The profile keys the directory's chat template decides: its default system prompt and
+    the renderer that reproduces it (``tokenize.template_check``). Cached per directory
+    content, library versions and mmpack's renderers, like the tokenizer checks."""
+    from mmpack_udfs.tokenize import template_check
+    from mmpack_udfs.tokenize import tokenizer as tokenizers
+    from mmpack_udfs.tokenize.encoder import TokenizeSettings
+
+    template = chat_template(path) or ""
+    code = "".join(Path(m.__file__).read_text() for m in _renderer_modules())
+    key = hashlib.sha256((tokenizers.directory_key(path) + code).encode()).hexdigest()
+
+    def check() -> dict[str, str]:
+        system = template_check.default_system(template)
+        settings = TokenizeSettings(
+            path, MODEL_PROFILE, {**profile, "default_system": system}, max_tokens=1 << 30
+        )
+        return {"default_system": system, "chat": template_check.chosen_renderer(settings, template, source)}
+
+    return tokenizers.cached_json(tokenizers.cache_dir() / "template-checks" / f"{key}.json", check)
+
+
+def _renderer_modules() -> list:
+    from mmpack_udfs.families import base, chat, qwen_vl
+    from mmpack_udfs.tokenize import encoder, template_check
+
+    return [base, chat, qwen_vl, encoder, template_check]
+
+
+def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
+    from mmpack_udfs.config.model import PROFILE_MODELS
+
+    defaults = PROFILE_MODELS[kind]().model_dump()
+    image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
+    if image_file is None:
+        raise ConfigError(
+            f"tokenize.model: {source} has no preprocessor_config.json (the image processor's settings), "
+            f"which a {kind} model needs"
+        )
+    image = _resolved(QWEN2_IMAGE_DEFAULTS, image_file)
+    video_file = _processor_file(path, "video_preprocessor_config.json", "video_processor")
+    profile = dict(defaults)
+    profile["vision"] = {k: image[k] for k in ("patch_size", "merge_size", "temporal_patch_size")}
+    profile["image"] = {
+        "min_pixels": image["size"]["shortest_edge"],
+        "max_pixels": image["size"]["longest_edge"],
+        "mean": list(image["image_mean"]),
+        "std": list(image["image_std"]),
+    }
+    if video_file is None:
+        notes.append(
+            f"{source} has no video_preprocessor_config.json: videos use mmpack's {kind} video settings "
+            f"(profiles.model.video: {_brief(defaults['video'])})"
+        )
+    else:
+        profile["video"] = _video_settings(kind, video_file, defaults["video"], profile["vision"], source)
+    vision_config = config.get("vision_config") or {}
+    _check_vision_config(vision_config, profile["vision"], source)
+    if "tokens_per_second" in defaults:
+        profile["tokens_per_second"] = vision_config.get("tokens_per_second", defaults["tokens_per_second"])
+    profile["default_system"] = ""  # set from the chat template (families.chat_check)
+    return profile
+
+
+def _video_settings(
+    kind: str, file: Mapping[str, Any], defaults: Mapping[str, Any], vision: Mapping[str, int], source: str
+) -> dict:
+    base = VIDEO_DEFAULTS["qwen3" if kind in ("qwen3_vl", "qwen3_5") else "qwen2"]
+    video = _resolved(base, file)
+    for key in ("patch_size", "merge_size", "temporal_patch_size"):
+        if video[key] != vision[key]:
+            raise ConfigError(
+                f"tokenize.model: {source}: the video processor's {key} {video[key]} differs from the image "
+                f"processor's {vision[key]} (one vision tower)"
+            )
+    settings = {
+        "fps": video["fps"],
+        "min_frames": video["min_frames"],
+        "max_frames": video["max_frames"],
+        "min_pixels": video["size"]["shortest_edge"],
+        "max_pixels": video["size"]["longest_edge"],
+        "mean": list(video["image_mean"]),
+        "std": list(video["image_std"]),
+    }
+    if "do_sample_frames" in defaults:
+        settings.update(
+            do_sample_frames=bool(video["do_sample_frames"]),
+            cap_pixels_per_frame=bool(video.get("cap_pixels_per_frame")),
+            max_video_tokens=video["max_video_tokens"],
+        )
+    else:  # Qwen2-VL's video processor: mmpack samples at fps, without the qwen-vl-utils cap
+        if not video["do_sample_frames"]:
+            raise ConfigError(
+                f"tokenize.model: {source}/video_preprocessor_config.json sets do_sample_frames false (every "
+                "frame of a clip); mmpack samples frames at fps: set do_sample_frames true there"
+            )
+        if video.get("cap_pixels_per_frame"):
+            raise ConfigError(
+                f"tokenize.model: {source}/video_preprocessor_config.json sets cap_pixels_per_frame, which "
+                f"mmpack does not reproduce for {kind}"
+            )
+    return {**defaults, **settings}
+
+
+def _check_vision_config(vision_config: Mapping[str, Any], vision: Mapping[str, int], source: str) -> None:
+    """The processor's patching must be the vision tower's (config.json ``vision_config``)."""
+    pairs = {
+        "patch_size": "patch_size",
+        "merge_size": "spatial_merge_size",
+        "temporal_patch_size": "temporal_patch_size",
+    }
+    for ours, theirs in pairs.items():
+        if theirs in vision_config and vision_config[theirs] != vision[ours]:
+            raise ConfigError(
+                f"tokenize.model: {source}: the processor's {ours} {vision[ours]} differs from config.json "
+                f"vision_config.{theirs} {vision_config[theirs]}"
+            )
+
+
+def _resolved(defaults: Mapping[str, Any], file: Mapping[str, Any]) -> dict[str, Any]:
+    """A processor's settings: class defaults, the file's keys, ``min_pixels``/``max_pixels``
+    over ``size`` (transformers' backward compatibility)."""
+    merged = {**defaults, **{k: v for k, v in file.items() if v is not None}}
+    size = dict(merged.get("size") or defaults["size"])
+    if file.get("min_pixels") is not None:
+        size["shortest_edge"] = file["min_pixels"]
+    if file.get("max_pixels") is not None:
+        size["longest_edge"] = file["max_pixels"]
+    merged["size"] = size
+    return merged
+
+
+def _brief(video: Mapping[str, Any]) -> str:
+    return (
+        f"{video['fps']} fps, {video['min_frames']}–{video['max_frames']} frames, "
+        f"{video['min_pixels']}–{video['max_pixels']} pixels"
+    )
+
+
+def _processor_file(path: str, name: str, nested: str) -> dict | None:
+    """A processor's settings file, or its section of processor_config.json."""
+    found = _json(path, name)
+    if found is not None:
+        return found
+    combined = _json(path, "processor_config.json") or {}
+    section = combined.get(nested)
+    return section if isinstance(section, dict) else None
+
+
+def chat_template(path: str) -> str | None:
+    """The directory's chat template, looked up as transformers does: chat_template.jinja,
+    chat_template.json, then the ``chat_template`` key of tokenizer_config.json or
+    processor_config.json."""
+    jinja = Path(path) / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    for name in TEMPLATE_FILES[1:]:
+        data = _json(path, name) or {}
+        template = data.get("chat_template")
+        if isinstance(template, str):
+            return template
+        if isinstance(template, list):  # named templates: the default one
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            if isinstance(named.get("default"), str):
+                return named["default"]
+    return None
+
+
+def _json(path: str, name: str, required: bool = False) -> dict | None:
+    file = Path(path) / name
+    if not file.is_file():
+        if required:
+            raise ConfigError(f"tokenize.model: {path} has no {name}")
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ConfigError(f"tokenize.model: {file} is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"tokenize.model: {file} must hold a JSON object")
+    return data
+
+
+def fetch(uri: str, storage: fs.Storage) -> str:
+    """A local copy of an s3:// model directory's top-level files (not its weights), made once
+    per machine under the mmpack cache, keyed by the URI and the files' names and sizes."""
+    from mmpack_udfs.tokenize.tokenizer import cache_dir
+
+    prefix = uri.rstrip("/") + "/"
+    listing = [
+        f"{name}:{storage.file_info(name).size}"
+        for name in storage.expand(uri)
+        if "/" not in name[len(prefix) :] and not name.endswith((".safetensors", ".bin", ".pt", ".pth"))
+    ]
+    if not listing:
+        raise ConfigError(f"tokenize.model: nothing at {uri}")
+    stamp = hashlib.sha256(json.dumps([uri, *sorted(listing)]).encode()).hexdigest()[:16]
+    target = cache_dir() / "models" / stamp
+    if target.is_dir():
+        return str(target)
+    tmp = target.with_name(f"{stamp}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for entry in listing:
+        name = entry.rsplit(":", 1)[0]
+        (tmp / name[len(prefix) :]).write_bytes(storage.read_bytes(name))
+    try:
+        tmp.replace(target)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)

@@ -1,0 +1,184 @@
+"""Every family from its model directory (``tokenize.model``), against transformers on the same
+files: each tokenized sample's ids, labels, grids, pad counts and video frames; each packed
+sample's pixel values (original and prepared media) and rotary positions.
+
+The model directories hold the published processor configs and chat templates
+(tests/models/build.py). The oracle (tests/oracles/qwen_family.py) is the directory's chat
+template, the PIL image processor built from its ``preprocessor_config.json`` and the
+family's processor class with its video processor (in a subprocess with the test-only
+torchvision scaffold: tests/oracles/qwen_video.py), and the tiny model's ``get_rope_index``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from loader import PackedDataset, collate_packed
+from mmpack_udfs.io import tables
+from mmpack_udfs.pack import stage as pack
+from mmpack_udfs.schemas import table_uri
+from mmpack_udfs.tokenize import tokenizer as tokenizers
+from tests.conftest import FAMILY_MODELS, PACKED_DEMO_SETTINGS, demo_run
+from tests.loader.test_model_parity import sample_media
+from tests.models.build import tiny_models
+from tests.oracles import qwen_family as oracle
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHVISION = ROOT / ".venv" / "torchvision-cpu"
+# Qwen2.5-VL checkpoints ship no video processor config: mmpack's documented video defaults
+# (qwen-vl-utils' values), given to transformers' Qwen2-VL video processor explicitly.
+QWEN2_5_VIDEO = {"fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+                 "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}}  # fmt: skip
+MODEL_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5"}
+
+
+def video_references(run, uris: list[str], tmp: Path) -> dict[str, dict]:
+    """transformers' video processor on every video (one subprocess for all)."""
+    if not (TORCHVISION / ".installed").exists():
+        raise RuntimeError(f"the video oracle needs torchvision at {TORCHVISION}: run `make test`")
+    file = run.model_dir / "video_preprocessor_config.json"
+    settings = json.loads(file.read_text()) if file.exists() else QWEN2_5_VIDEO
+    request = {
+        "model_dir": str(run.model_dir),
+        "family": run.ctx.config.profile.kind,
+        "settings": {k: v for k, v in settings.items() if not k.endswith(("_type", "_class"))},
+        "videos": [{"uri": uri, "out": str(tmp / f"video{i}.npy")} for i, uri in enumerate(uris)],
+    }
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "tests/oracles/torchvision_boot"), str(TORCHVISION), str(ROOT)]
+        ),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.oracles.qwen_video"], input=json.dumps(request), capture_output=True,
+        text=True, env=env, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    for result, video in zip(results, request["videos"], strict=True):
+        result["pixels"] = np.load(video["out"])
+    return dict(zip(uris, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def references(family_run, tmp_path_factory):
+    """Per family: the run, the samples by id and transformers' reference for every tokenized sample."""
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            run = family_run(name)
+            samples = {
+                s["sample_id"]: s
+                for s in tables.read_arrow(table_uri(str(run.output), "samples")).to_pylist()
+            }
+            rows = tables.read_arrow(table_uri(str(run.output), "tokenized")).to_pylist()
+            uris = sorted(
+                {m["uri"] for r in rows for m in samples[r["sample_id"]]["media"] if m["kind"] == "video"}
+            )
+            videos = video_references(run, uris, tmp_path_factory.mktemp(f"videos-{name}"))
+            hf = tokenizers.load(str(run.model_dir))
+
+            def video(m):
+                return {**videos[m["uri"]], "grid": videos[m["uri"]]["grid"]}
+
+            refs = {
+                r["sample_id"]: oracle.reference(run.model_dir, hf, samples[r["sample_id"]], video)
+                for r in rows
+            }
+            cache[name] = (run, rows, refs, videos)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_every_sample_has_the_ids_labels_and_grids_transformers_gives(references, name):
+    _, rows, refs, videos = references(name)
+    assert len(rows) > 100 and any(m["kind"] == "video" for r in rows for m in r["media"])
+    for row in rows:
+        ref = refs[row["sample_id"]]
+        assert row["input_ids"] == ref["input_ids"], row["sample_id"]
+        assert row["labels"] == ref["labels"], row["sample_id"]
+        images = [m for m in row["media"] if m["kind"] == "image"]
+        assert [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in images] == ref["image_grid_thw"]
+        clips = [m for m in row["media"] if m["kind"] == "video"]
+        assert [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in clips] == ref["video_grid_thw"]
+        for m in clips:
+            assert m["frame_indices"] == videos[m["uri"]]["frame_indices"]
+            if name == "qwen2_5_vl":
+                assert m["second_per_grid_t"] == pytest.approx(
+                    videos[m["uri"]]["second_per_grid_t"], rel=1e-6
+                )
+        pads = [m["num_tokens"] for m in row["media"]]
+        assert pads == [int(np.prod(g)) // 4 for g in _grids_in_order(row, ref)]
+
+
+def _grids_in_order(row, ref):
+    images, clips = iter(ref["image_grid_thw"]), iter(ref["video_grid_thw"])
+    return [next(images) if m["kind"] == "image" else next(clips) for m in row["media"]]
+
+
+@pytest.fixture(scope="module")
+def prepared_run(spark, demo, family_run):
+    """The same tokenized rows packed again with prepared media (8-bit patches in the shard)."""
+    cache = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            run = family_run(name)
+            out = run.output.parent / "prepared"
+            import shutil
+
+            shutil.copytree(run.output / "tables", out / "tables")
+            pack.run(spark, demo_run(demo, out, f"tokenize.model={run.model_dir}", "pack.media=prepared",
+                                     *PACKED_DEMO_SETTINGS))  # fmt: skip
+            cache[name] = out
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_packed_samples_have_transformers_pixels_and_positions(references, prepared_run, name):
+    run, _, refs, _ = references(name)
+    model = tiny_models().tiny_model(MODEL_TYPES[name])
+    pads = (model.config.image_token_id, model.config.video_token_id)
+    checked = {"image": 0, "video": 0, "positions": 0}
+    original = list(PackedDataset(str(run.output / "packed"), shuffle=False))
+    prepared = list(PackedDataset(str(prepared_run(name) / "packed"), shuffle=False))
+    for bin_, same_bin in zip(original, prepared, strict=True):
+        batch, prepared_batch = collate_packed([bin_]), collate_packed([same_bin])
+        cu = batch["cu_seq_lens_q"].tolist()
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in batch:
+                torch.testing.assert_close(prepared_batch[key], batch[key], rtol=0, atol=0)
+        for s, (sample_id, media) in enumerate(
+            zip(bin_["sample_ids"], sample_media(batch, cu, pads), strict=True)
+        ):
+            ref = refs[sample_id]
+            ids = batch["input_ids"][0, cu[s] : cu[s + 1]].tolist()
+            assert ids == ref["input_ids"]
+            positions = batch["position_ids"][1:, 0, cu[s] : cu[s + 1]].numpy()
+            np.testing.assert_array_equal(positions, oracle.rope_index(model, ids, ref))
+            checked["positions"] += 1
+            if ref["pixel_values"]:
+                expected = np.concatenate(ref["pixel_values"])
+                np.testing.assert_allclose(media["pixel_values"].numpy(), expected, rtol=0, atol=1e-6)
+                checked["image"] += 1
+            if ref["pixel_values_videos"]:
+                expected = np.concatenate(ref["pixel_values_videos"])
+                np.testing.assert_allclose(media["pixel_values_videos"].numpy(), expected, rtol=0, atol=1e-6)
+                checked["video"] += 1
+    assert checked["image"] >= 20 and checked["video"] >= 3 and checked["positions"] >= 100, checked

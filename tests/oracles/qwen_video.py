@@ -1,0 +1,86 @@
+"""Subprocess half of the video oracle: transformers' own video processor on a video file.
+
+Runs where torchvision is importable (``make test`` installs it, tests only, under
+``.venv/torchvision-cpu``; ``torchvision_boot/sitecustomize.py`` lets the CUDA wheel import on
+the CPU torch). Reads ``{"model_dir", "family", "videos": [{"uri", "out"}], "settings"}`` as JSON
+on stdin; decodes every frame with OpenCV (the decoder mmpack uses), hands the frames and
+their metadata to the processor with frame sampling on, and prints, per video, the sampled
+frame indices, the grid, the text its processor puts in place of ``<|video_pad|>`` and
+``second_per_grid_t``; the pixel values go to ``out`` (.npy).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import cv2
+import numpy as np
+
+
+def frames_of(uri: str) -> tuple[np.ndarray, float]:
+    capture = cv2.VideoCapture(uri)
+    fps = capture.get(cv2.CAP_PROP_FPS)
+    frames = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    capture.release()
+    return np.stack(frames), fps
+
+
+def processor(family: str, settings: dict):
+    if family in ("qwen3_vl", "qwen3_5"):
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+        return Qwen3VLVideoProcessor(**settings)
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    return Qwen2VLVideoProcessor(**settings)
+
+
+def text_processor(family: str, video_processor, tokenizer):
+    """The family's processor class around the video processor (for its pad replacement)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if family in ("qwen3_vl", "qwen3_5"):
+        from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor as cls
+    else:
+        from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor as cls
+    image_processor = Qwen2VLImageProcessorPil()
+    return cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
+
+
+def main() -> None:
+    from transformers import AutoTokenizer
+    from transformers.video_utils import VideoMetadata
+
+    request = json.load(sys.stdin)
+    family = request["family"]
+    video_processor = processor(family, request["settings"])
+    wrapper = text_processor(family, video_processor, AutoTokenizer.from_pretrained(request["model_dir"]))
+    results = []
+    for video in request["videos"]:
+        frames, fps = frames_of(video["uri"])
+        every = list(range(len(frames)))
+        metadata = VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=every)
+        out, (replacement,) = wrapper._process_videos(  # the processor's own video half
+            videos=[frames], video_metadata=[metadata], do_sample_frames=True, return_metadata=True,
+            return_tensors="pt", input_data_format="channels_last", cap_pixels_per_frame=False,
+        )  # fmt: skip
+        np.save(video["out"], out["pixel_values_videos"].numpy())
+        result = {
+            "frame_indices": [int(i) for i in out["video_metadata"][0].frames_indices],
+            "grid": [int(x) for x in out["video_grid_thw"][0]],
+            "replacement": replacement,
+        }
+        if "second_per_grid_ts" in out:
+            result["second_per_grid_t"] = float(out["second_per_grid_ts"][0])
+        results.append(result)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
