@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-pack bench-pack-spark bench-loader bench-loader-media bench-balance clean
+.PHONY: setup java browser demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-loader bench-loader-media bench-balance clean
 
 setup: java $(STAMP)
 
@@ -80,6 +80,9 @@ bench-normalize: setup
 
 bench-tokenize: setup
 	$(BIN)/python bench/bench_tokenize.py --samples 200000 --rounds 3
+
+bench-families: setup
+	$(BIN)/python bench/bench_families.py --samples 50000 --rounds 3
 
 bench-pack: setup
 	$(BIN)/pip install -q -e '.[bench]'

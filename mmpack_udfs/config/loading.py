@@ -41,11 +41,14 @@ def with_model(data: dict[str, Any]) -> Config:
     directory's settings with the keys given under ``profiles.model`` over them, the tokenizer
     is the directory's (unless ``tokenize.tokenizer`` names another), and the family's cost
     model is ``balance.cost_model.model`` unless one is given."""
-    config = checked({**data, "profiles": {k: v for k, v in data["profiles"].items() if k != MODEL_PROFILE}})
-    if config.tokenize.model is None:
+    if data["tokenize"].get("model") is None:
         if data["tokenize"].get("profile") == MODEL_PROFILE or MODEL_PROFILE in data["profiles"]:
             raise ConfigError(f"profiles.{MODEL_PROFILE} is built from tokenize.model, which is not set")
         return checked(data)
+    # first the keys the directory's reading needs (tokenize.model, s3), without the profile it makes
+    profiles = {k: v for k, v in data["profiles"].items() if k != MODEL_PROFILE}
+    tokenize = {**data["tokenize"], "profile": Config().tokenize.profile}
+    config = checked({**data, "profiles": profiles, "tokenize": tokenize})
     from mmpack_udfs.families import model_dir
     from mmpack_udfs.io import fs
 

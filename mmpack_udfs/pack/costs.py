@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from mmpack_udfs import schemas
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.families import make_family
+from mmpack_udfs.families import FAMILIES
 from mmpack_udfs.io import fs
 from mmpack_udfs.pack.shards import owner_of_elements
 
@@ -173,7 +173,7 @@ def media_squares(media: pa.Array, profile: Mapping[str, Any]) -> np.ndarray:
     counts = pc.list_value_length(media).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     owner = owner_of_elements(counts)
     field = {name: items.field(name).to_numpy(zero_copy_only=False).astype(np.int64) for name in MEDIA_FIELDS}
-    if make_family(profile["kind"], profile).mrope:  # the Qwen-VL line: attention per temporal patch
+    if FAMILIES[profile["kind"]].mrope:  # the Qwen-VL line: attention per temporal patch
         blocks, block_patches = field["grid_t"], field["grid_h"] * field["grid_w"]
     else:  # internvl: tiles of 4 × tokens_per_tile patches each
         per_tile = int(profile["image"]["tokens_per_tile"])

@@ -162,3 +162,38 @@ def test_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
         assert [r["samples"] for r in joined[rank]] == same
     counts = Counter(s for rank in after for r in rank for s in r["samples"])
     assert counts and max(counts.values()) == 1
+
+
+def test_a_qwen3_vl_model_trains_on_its_family_shards_exactly_once(family_run, tmp_path):
+    """``--model tiny-qwen3_vl`` on shards tokenized from a Qwen3-VL model directory: 2 ranks."""
+    packed = family_run("qwen3_vl").output / "packed"
+    args = ["--manifest", str(packed), "--model", "tiny-qwen3_vl", "--out", str(tmp_path / "ckpt")]
+    torchrun(
+        2,
+        *args,
+        "--workers",
+        "1",
+        "--grad-accum",
+        "2",
+        "--trace",
+        str(tmp_path / "trace"),
+        log=tmp_path / "log",
+    )
+    check_epoch(read_trace(tmp_path / "trace", 2), 0, expected_supervised(packed))
+
+
+def test_a_hybrid_model_without_its_kernels_is_refused_before_training(family_run, tmp_path):
+    packed = family_run("qwen3_5").output / "packed"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        str(EXAMPLE),
+    ]
+    args = ["--manifest", str(packed), "--model", "tiny-qwen3_5", "--out", str(tmp_path / "ckpt")]
+    done = subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode != 0
+    assert "install flash-linear-attention and causal-conv1d" in done.stdout + done.stderr
+    assert not (tmp_path / "ckpt").exists()

@@ -68,10 +68,10 @@ def test_a_bad_pixel_dtype_is_refused(packed_demo):
         PackedDataset(str(packed_demo / "packed"), pixel_dtype="int8")
 
 
-def test_prepared_media_need_embedding_and_a_qwen2_vl_profile():
+def test_prepared_media_need_embedding_and_a_qwen_vl_profile():
     from mmpack_udfs.config import ConfigError, load_config
 
-    needs = r"pack\.media: prepared needs pack\.embed_media true and a qwen2_vl profile"
+    needs = r"pack\.media: prepared needs pack\.embed_media true and a Qwen-VL profile"
     for other in ("pack.embed_media=false", "tokenize.profile=internvl"):
         with pytest.raises(ConfigError, match=needs):
             load_config(None, ["pack.media=prepared", other])
