@@ -7,8 +7,10 @@ Three layers keep it exact:
    same way qualifies: BPE without dropout, byte fallback, unknown token or word affixes;
    pre-tokenization = one regex ``Split`` (Isolated) + ``ByteLevel`` without its own regex
    or prefix space; normalizer none or NFC; merge priority in token-id order (tiktoken
-   merges by the rank of the result); every added token special (they are encoded as plain
-   text, ``encode_special_tokens``, as the ``tokenizers`` path does).
+   merges by the rank of the result). Special added tokens are encoded as plain text
+   (``encode_special_tokens``, as the ``tokenizers`` path does); plain added tokens (Qwen3's
+   ``<think>``, ``<tool_call>``: not normalized, no strip or word rules) are split out of
+   the text first, as ``tokenizers`` splits them, and the pieces between them encoded.
 2. **Normalization per text**: with an NFC normalizer, a text is normalized in Python
    first. Python's Unicode database is older than the Rust one; Unicode's stability policy
    makes both agree on every text of assigned characters only, so a text holding a code
@@ -43,6 +45,7 @@ class Bpe:
     pattern: str
     ranks: dict[bytes, int]
     nfc: bool
+    added: tuple[tuple[str, int], ...] = ()  # plain (not special) added tokens: (text, id)
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -87,8 +90,9 @@ def bpe_of(tokenizer_json: dict[str, Any], check_merges: bool = True) -> tuple[B
         or steps[1].get("use_regex")
     ):
         return None, "pre-tokenizer is not one regex Split + ByteLevel"
-    if any(not token.get("special") for token in tokenizer_json.get("added_tokens") or []):
-        return None, "an added token that is not special"
+    plain = [t for t in tokenizer_json.get("added_tokens") or [] if not t.get("special")]
+    if any(t.get(rule) for t in plain for rule in ("normalized", "lstrip", "rstrip", "single_word")):
+        return None, "an added token that is not special, with normalization or strip rules"
     decode = _byte_decoder()
     try:
         ranks = {bytes(decode[c] for c in token): rank for token, rank in model["vocab"].items()}
@@ -101,7 +105,8 @@ def bpe_of(tokenizer_json: dict[str, Any], check_merges: bool = True) -> tuple[B
     ]
     if any(r is None for r in merged) or any(a > b for a, b in itertools.pairwise(merged)):
         return None, "merge priority is not token-id order"
-    return Bpe(steps[0]["pattern"]["Regex"], ranks, normalizer is not None), ""
+    added = tuple((t["content"], t["id"]) for t in plain)
+    return Bpe(steps[0]["pattern"]["Regex"], ranks, normalizer is not None, added), ""
 
 
 @lru_cache(maxsize=1)
@@ -131,8 +136,37 @@ class FastEncoder:
             "mmpack-bpe", pat_str=bpe.pattern, mergeable_ranks=bpe.ranks, special_tokens={}
         )
         self.nfc, self.fallback = bpe.nfc, fallback
+        self.added = dict(bpe.added)
+        # leftmost-longest, as tokenizers matches added tokens
+        longest_first = sorted(self.added, key=len, reverse=True)
+        self.split = re.compile("|".join(map(re.escape, longest_first))) if self.added else None
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text; a text holding a plain added token is encoded piece by piece."""
+        if self.split is None:
+            return self._encode_batch(texts)
+        holding = [i for i, text in enumerate(texts) if "<" in text and self.split.search(text)]
+        if not holding:
+            return self._encode_batch(texts)
+        skip = set(holding)
+        out = self._encode_batch([("" if i in skip else text) for i, text in enumerate(texts)])
+        for i in holding:
+            out[i] = self._with_added(texts[i])
+        return out
+
+    def _with_added(self, text: str) -> list[int]:
+        pieces = self.split.split(text)
+        tokens = self.split.findall(text)
+        encoded = self._encode_batch([p for p in pieces if p])
+        ids, next_piece = [], iter(encoded)
+        for k, piece in enumerate(pieces):
+            if piece:
+                ids += next(next_piece)
+            if k < len(tokens):
+                ids.append(self.added[tokens[k]])
+        return ids
+
+    def _encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         encode = self.encoding.encode_ordinary  # a thread pool per batch costs more than it saves here
         if not self.nfc:
             return [encode(text) for text in texts]
@@ -191,6 +225,26 @@ def adversarial_corpus(seed: int = 0) -> list[str]:
     return fixed + random_texts
 
 
+def _around_added_tokens(path: str) -> list[str]:
+    """Texts with the directory's plain added tokens in every position: alone, repeated,
+    glued to words, whitespace and each other, inside longer tokens' strings."""
+    data = json.loads((Path(path) / "tokenizer.json").read_text())
+    plain = [t["content"] for t in data.get("added_tokens") or [] if not t.get("special")]
+    texts = []
+    for token in plain:
+        texts += [
+            token,
+            token * 2,
+            f"a{token}b",
+            f" {token} ",
+            f"\n\n{token}\n\n",
+            f"x{token[:-1]}",
+            f"é{token}ü",
+        ]
+    texts += ["".join(plain), " ".join(plain), "\n".join(plain) + "\ncafe\u0301"]
+    return texts
+
+
 def verified(path: str, fallback: Any, key: str, cache: Path, extra: Sequence[str] = ()) -> bool:
     """Whether the fast encoder gives ``fallback``'s ids on the adversarial corpus (and
     ``extra``); the verdict is cached under ``cache`` by ``key`` (directory content and
@@ -198,7 +252,7 @@ def verified(path: str, fallback: Any, key: str, cache: Path, extra: Sequence[st
     from mmpack_udfs.tokenize.tokenizer import cached_verdict
 
     versions = "|".join(f"{p}={metadata.version(p)}" for p in ("tiktoken", "tokenizers"))
-    texts = [*adversarial_corpus(), *extra]
+    texts = [*adversarial_corpus(), *extra, *_around_added_tokens(path)]
     corpus = hashlib.sha256(json.dumps([versions, *texts]).encode()).hexdigest()[:16]
 
     def identical() -> bool:

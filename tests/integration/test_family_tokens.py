@@ -11,21 +11,27 @@ torchvision scaffold: tests/oracles/qwen_video.py), and the tiny model's ``get_r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from loader import PackedDataset, collate_packed
 from mmpack_udfs.io import tables
+from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.validate import stage as validate
 from tests.conftest import FAMILY_MODELS, PACKED_DEMO_SETTINGS, demo_run
 from tests.loader.test_model_parity import sample_media
 from tests.models.build import tiny_models
@@ -139,8 +145,6 @@ def prepared_run(spark, demo, family_run):
         if name not in cache:
             run = family_run(name)
             out = run.output.parent / "prepared"
-            import shutil
-
             shutil.copytree(run.output / "tables", out / "tables")
             pack.run(spark, demo_run(demo, out, f"tokenize.model={run.model_dir}", "pack.media=prepared",
                                      *PACKED_DEMO_SETTINGS))  # fmt: skip
@@ -182,3 +186,33 @@ def test_packed_samples_have_transformers_pixels_and_positions(references, prepa
                 np.testing.assert_allclose(media["pixel_values_videos"].numpy(), expected, rtol=0, atol=1e-6)
                 checked["video"] += 1
     assert checked["image"] >= 20 and checked["video"] >= 3 and checked["positions"] >= 100, checked
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_validate_accepts_every_familys_shards_and_catches_a_moved_pad(spark, family_run, name, tmp_path):
+    """The validate stage reads each family's shards (Qwen3-VL videos: pad runs split by
+    timestamp text, ``group_starts``), and still sees a pad token moved out of its run."""
+    run = family_run(name)
+    summary = validate.run(spark, run.ctx)
+    assert summary["ok"], summary["problems"]
+    assert summary["source"]["rows"] == summary["samples"] + summary["skipped"]
+
+    broken = tmp_path / "out"
+    shutil.copytree(run.output, broken)
+    manifest = json.loads((broken / "packed" / "manifest.json").read_text())
+    shard = broken / "packed" / manifest["shards"][0]["path"]
+    table = pq.read_table(shard)
+    rows = table.to_pylist()
+    video_pad = 151656 if name != "qwen3_5" else 248057
+    row = next(r for r in rows if any(m["kind"] == "video" for m in r["media"]))
+    item = next(m for m in row["media"] if m["kind"] == "video")
+    first = item["token_offset"]
+    assert row["input_ids"][first] == video_pad
+    row["input_ids"][first - 1], row["input_ids"][first] = video_pad, row["input_ids"][first - 1]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), shard)
+    entry = manifest["shards"][0]  # the shard's new bytes, so only the moved pad is wrong
+    entry.update(sha256=hashlib.sha256(shard.read_bytes()).hexdigest(), bytes=shard.stat().st_size)
+    (broken / "packed" / "manifest.json").write_text(json.dumps(manifest))
+    config = run.ctx.config.model_copy(update={"output": str(broken)})
+    with pytest.raises(validate.ValidationError, match="a span holds ids other than its pad id"):
+        validate.run(spark, RunContext.of(config))

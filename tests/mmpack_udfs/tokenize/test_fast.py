@@ -67,7 +67,8 @@ def test_the_port_equals_tokenizers_on_demo_conversations(builtin, backend, tmp_
         (lambda j: j.update(normalizer={"type": "NFKC"}), "normalizer 'NFKC'"),
         (lambda j: j["model"].update(byte_fallback=True), "byte_fallback"),
         (lambda j: j["model"].update(dropout=0.1), "dropout"),
-        (lambda j: j["added_tokens"][0].update(special=False), "not special"),
+        (lambda j: j["added_tokens"][0].update(special=False, normalized=True), "not special, with"),
+        (lambda j: j["added_tokens"][0].update(special=False, lstrip=True), "not special, with"),
         (lambda j: j["pre_tokenizer"]["pretokenizers"].pop(0), "one regex Split"),
         (lambda j: j["model"]["merges"].reverse(), "merge priority"),
         (lambda j: j.update(model={"type": "WordLevel"}), "not BPE"),
@@ -104,3 +105,19 @@ def test_a_port_that_disagrees_is_not_used(builtin, backend, tmp_path, monkeypat
 
     monkeypatch.setitem(fast._LOADED, builtin, Wrong())
     assert fast.verified(builtin, backend, "key", tmp_path) is False
+
+
+@pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5"])
+def test_plain_added_tokens_are_split_out_as_tokenizers_splits_them(name, tmp_path):
+    """Qwen3's <think>, <tool_call>, ... are added tokens that are not special: the port splits
+    them out of the text and encodes the pieces between them, as tokenizers does."""
+    from tests.models.build import build_model_dir
+
+    path = str(build_model_dir(name, tmp_path / name))
+    backend = tokenizers.load_backend(path, from_json=False)
+    encoder = fast.load(path, backend)
+    assert encoder is not None and "<think>" in encoder.added
+    texts = ["<think>\nwhy\n</think>\n\nbecause", "a<tool_call>{}</tool_call>b", "</think></think>"]
+    texts += ["x</think", " <think> ", "café<think>e\u0301", "<|im_start|> text <think>", "none"]
+    assert encoder.encode_batch(texts) == ids(backend, texts)
+    assert tokenizers.fast_encoder_verified(path, tokenizers.json_matches_auto(path))
