@@ -2,10 +2,12 @@
 
 Per bin it yields ``input_ids``, ``labels`` (first token of every sample masked),
 ``position_ids`` (restarting at 0 per sample), ``cu_seqlens`` (int32, [n + 1]),
-``max_seqlen``, ``sample_ids``, ``filler``; for qwen2_vl the exact 3-row
-``mrope_position_ids`` (from the stored grids, with or without pixels); with media, the
-vision tensors (qwen2_vl: ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
-``video_grid_thw``; internvl: ``pixel_values`` tiles + ``num_tiles``). A filler (see
+``max_seqlen``, ``sample_ids``, ``filler``; for the Qwen-VL families the exact 3-row
+``mrope_position_ids`` (the family's positions from the stored grids and offsets, with or
+without pixels) and, for linear-attention models (Qwen3.5), ``seq_idx``; with media, the
+vision tensors (Qwen-VL: ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
+``video_grid_thw`` (+ ``second_per_grid_ts``); internvl: ``pixel_values`` tiles +
+``num_tiles``). The manifest's profile says the family (``mmpack_udfs.families``). A filler (see
 ``loader.plan``) is a real bin with every label masked and no ``sample_ids``.
 ``collate_packed`` turns items into what a model takes.
 """
