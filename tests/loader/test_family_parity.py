@@ -154,18 +154,26 @@ def test_packed_equals_each_sample_alone(flash_cpu, family_run, model_type, atte
         assert CALLS.count("cu_seq_lens") >= 3 * model.config.text_config.num_hidden_layers
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
-def test_hybrid_packed_equals_alone_with_boundary_respecting_ops(family_run, model_type, attention):
+@pytest.mark.parametrize(
+    "model_type,attention",
+    [("qwen3_5", "sdpa"), ("qwen3_5", "eager"), ("qwen3_5", "flash_varlen_cpu"), ("qwen3_5_moe", "sdpa")],
+)
+def test_hybrid_packed_equals_alone_with_boundary_respecting_ops(
+    flash_cpu, family_run, model_type, attention
+):
     run = family_run(MODELS[model_type])
     model = with_attention(tiny_models().tiny_model(model_type, seed=3), attention)
     batches = micro_batches(run.output / "packed")
     assert batches[0][0]["seq_idx"].dtype == torch.int32
     BOUNDARIES.clear()
+    CALLS.clear()
     with restarting_linear_attention():
         assert check_packed_equals_alone(model, batches) >= 6
-    linear = sum(t == "linear_attention" for t in model.config.text_config.layer_types)
+    layer_types = model.config.text_config.layer_types
+    linear = sum(t == "linear_attention" for t in layer_types)
     assert BOUNDARIES.count("seq_idx") == BOUNDARIES.count("cu_seqlens") == len(batches) * linear
+    if attention == "flash_varlen_cpu":  # the attention layers used the batch's boundaries too
+        assert CALLS.count("cu_seq_lens") >= len(batches) * (len(layer_types) - linear)
 
 
 def test_hybrid_packed_batches_are_refused_without_the_kernels(family_run):
