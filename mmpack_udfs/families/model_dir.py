@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmpack_udfs.config.model import MODEL_PROFILE
+from mmpack_udfs.config.model import MODEL_PROFILE, PROFILE_MODELS
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import MODEL_TYPES
 from mmpack_udfs.io import fs
@@ -155,8 +155,6 @@ def _renderer_modules() -> list:
 
 
 def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
-    from mmpack_udfs.config.model import PROFILE_MODELS
-
     defaults = PROFILE_MODELS[kind]().model_dump()
     image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
     if image_file is None:

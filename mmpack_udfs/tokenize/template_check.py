@@ -13,6 +13,7 @@ family's and is tested against the processors).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -105,8 +106,6 @@ def default_system(template: str) -> str:
 def chosen_renderer(settings, template: str, source: str) -> str:
     """The name of the family renderer that reproduces ``template`` on every probe; a
     ConfigError naming the first difference when none does."""
-    import dataclasses
-
     from mmpack_udfs.families import make_family
     from mmpack_udfs.tokenize import tokenizer as tokenizers
     from mmpack_udfs.tokenize.encoder import SampleTokenizer
