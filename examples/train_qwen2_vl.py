@@ -1,5 +1,6 @@
 """Train a vision-language model of any family mmpack packs for (Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL dense and MoE, Qwen3.5) on mmpack shards with DDP, launched by torchrun.
+Qwen3-VL dense and MoE, Qwen3.5) on mmpack shards with DDP or FSDP2, launched by torchrun.
+(``examples/train_hf_trainer.py`` does the same with transformers' ``Trainer``.)
 
     torchrun --nproc-per-node 8 examples/train_qwen2_vl.py \\
         --manifest s3://bucket/run1/packed --model /models/Qwen3-VL-8B-Instruct --out ckpt
@@ -19,7 +20,10 @@ before the first step. What it shows:
 - gradient accumulation over ``--grad-accum`` micro-batches, the loss normalised by the
   number of supervised tokens of the whole step across all ranks (not per micro-batch);
 - checkpoints (model, optimizer, every rank's loader position) and an exact resume with
-  torchdata's ``StatefulDataLoader``.
+  torchdata's ``StatefulDataLoader``;
+- ``--fsdp``: FSDP2 (``fully_shard``). Every rank must then run the vision tower as often
+  as the others (its parameters are all-gathered in step), so a micro-batch without images or
+  videos gets a masked idle image and video (``loader.training.with_idle_media``).
 
 ``--trace FILE`` appends one JSON line per micro-batch and rank (what was trained), which
 is how the tests check exactly-once training.
@@ -38,12 +42,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import PackedBatch, PackedDataset, collate_packed, require_sample_isolation
-from loader.dataset import IGNORE
+from loader.training import (
+    has_media,
+    idle_media_settings,
+    step_supervised_tokens,
+    summed_loss,
+    with_idle_media,
+)
 
 
 def tiny_models():
@@ -76,15 +87,27 @@ def load_model(name: str, seed: int, attn_implementation: str, device: torch.dev
     return model.to(device)
 
 
-def summed_loss(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """Cross-entropy summed over the batch's supervised tokens. Logits only where the next
-    token is supervised (``logits_to_keep``): the vocabulary projection of every position
-    would be the largest tensor of the step. Labels are not shifted in the shards."""
-    inputs = dict(batch)
-    labels = inputs.pop("labels")[0]
-    keep = torch.nonzero(labels[1:] != IGNORE).flatten()  # position t predicts token t + 1
-    logits = model(**inputs, logits_to_keep=keep).logits[0]
-    return F.cross_entropy(logits.float(), labels[keep + 1], reduction="sum")
+def wrap(model: torch.nn.Module, fsdp: bool) -> torch.nn.Module:
+    """DDP, or FSDP2: ``fully_shard`` on every block transformers names unsplittable (decoder
+    layers, vision blocks), then on the whole model."""
+    if not fsdp:
+        # A micro-batch without images or videos leaves the vision tower out of the graph on
+        # that rank only: DDP must be told to look for parameters that got no gradient.
+        return DistributedDataParallel(model, find_unused_parameters=True)
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(model)
+    return model
+
+
+def gradient_sync(wrapped: torch.nn.Module, sync: bool):
+    """Reduce gradients across ranks on this backward (the step's last micro-batch) or not."""
+    if isinstance(wrapped, DistributedDataParallel):
+        return contextlib.nullcontext() if sync else wrapped.no_sync()
+    wrapped.set_requires_gradient_sync(sync)  # FSDP2
+    return contextlib.nullcontext()
 
 
 def micro_batch_groups(batches: Iterator[PackedBatch], size: int) -> Iterator[list[PackedBatch]]:
@@ -100,8 +123,30 @@ def micro_batch_groups(batches: Iterator[PackedBatch], size: int) -> Iterator[li
         yield group
 
 
+def accumulate_step(
+    wrapped: torch.nn.Module, group: list[PackedBatch], device: torch.device, idle: dict | None
+) -> tuple[float, float]:
+    """Forward and backward of one optimizer step's micro-batches (gradients reduced across
+    ranks on the last one); returns this rank's summed loss and the step's supervised tokens
+    over every micro-batch and rank, by which the loss is normalised: each token weighs the same."""
+    supervised = step_supervised_tokens(group, device).item()
+    world = dist.get_world_size()
+    total_loss = 0.0
+    for i, batch in enumerate(group):
+        inputs = batch.to(device)
+        if idle is not None:
+            inputs = with_idle_media(inputs, idle)
+        with gradient_sync(wrapped, sync=i == len(group) - 1):
+            loss_sum = summed_loss(wrapped, inputs)
+            # DDP and FSDP average gradients over ranks: scale by world size to get the global sum
+            (loss_sum * world / supervised).backward()
+        total_loss += loss_sum.item()
+    return total_loss, supervised
+
+
 class Checkpoints:
-    """``--out``/step-N: model and optimizer (rank 0), each rank's loader state, progress."""
+    """``--out``/step-N: model and optimizer (full state, saved by rank 0, so a DDP and an
+    FSDP run read each other's), each rank's loader state, progress."""
 
     def __init__(self, root: Path, rank: int) -> None:
         self.root, self.rank = root, rank
@@ -110,10 +155,10 @@ class Checkpoints:
         target = self.root / f"step-{step}"
         target.mkdir(parents=True, exist_ok=True)
         torch.save(loader.state_dict(), target / f"loader-rank{self.rank}.pt")
+        # every rank takes part in gathering the full state (FSDP shards it)
+        weights, moments = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
         if self.rank == 0:
-            torch.save(
-                {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, target / "train.pt"
-            )
+            torch.save({"model": weights, "optimizer": moments}, target / "train.pt")
             (target / "progress.json").write_text(json.dumps(progress))
         dist.barrier()
         if self.rank == 0:
@@ -125,8 +170,13 @@ class Checkpoints:
             return None
         source = self.root / latest.read_text().strip()
         state = torch.load(source / "train.pt", map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
         loader.load_state_dict(torch.load(source / f"loader-rank{self.rank}.pt", weights_only=False))
         return json.loads((source / "progress.json").read_text())
 
@@ -150,6 +200,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stop-after", type=int, default=0, help="save and exit after N optimizer steps")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/latest")
     parser.add_argument("--trace", help="append what each micro-batch trained (JSON lines, per rank)")
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="FSDP2 (fully_shard) instead of DDP; media-less micro-batches "
+        "get a masked idle image and video so that every rank runs the vision tower alike",
+    )
     return parser.parse_args(argv)
 
 
@@ -164,9 +220,8 @@ def main(argv: list[str] | None = None) -> int:
 
     model = load_model(args.model, args.seed, args.attn, device)
     model.train()
-    # A micro-batch without images or videos leaves the vision tower out of the graph on that
-    # rank only: DDP must be told to look for parameters that got no gradient.
-    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    idle = idle_media_settings(model.config) if args.fsdp else None
+    wrapped = wrap(model, args.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     dataset = PackedDataset(args.manifest, seed=args.seed, drop_remainder=args.drop_remainder)
@@ -185,18 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     for epoch in range(progress["epoch"], args.epochs):
         dataset.set_epoch(epoch)  # a resumed loader continues this epoch where it stopped
         for group in micro_batch_groups(iter(loader), args.grad_accum):
-            # the step's supervised tokens over every micro-batch and rank: each token weighs the same
-            supervised = torch.tensor(sum(b.meta["supervised_tokens"] for b in group), dtype=torch.float64)
-            dist.all_reduce(supervised)
-            total_loss = 0.0
-            for i, batch in enumerate(group):
-                sync = ddp.no_sync() if i < len(group) - 1 else contextlib.nullcontext()
-                with sync:
-                    loss_sum = summed_loss(ddp, batch.to(device))
-                    # DDP averages gradients over ranks: scale by world size to get the global sum
-                    (loss_sum * world / supervised.clamp(min=1).item()).backward()
-                total_loss += loss_sum.item()
-                if trace:
+            total_loss, supervised = accumulate_step(wrapped, group, device, idle)
+            if trace:
+                for batch in group:
                     record = {"epoch": epoch, "step": progress["step"], "rank": rank, **_traced(batch)}
                     trace.write(json.dumps(record) + "\n")
             optimizer.step()
@@ -205,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             summed = torch.tensor(total_loss, dtype=torch.float64)
             dist.all_reduce(summed)
             if rank == 0:
-                mean = summed.item() / max(supervised.item(), 1)
+                mean = summed.item() / supervised
                 print(f"epoch {epoch} step {progress['step']}: loss {mean:.4f} per supervised token")
             done = args.stop_after and progress["step"] >= args.stop_after
             if done or (args.save_every and progress["step"] % args.save_every == 0):
@@ -219,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 def _traced(batch: PackedBatch) -> dict:
     """What one micro-batch trained: each real sample with its supervised tokens."""
     samples = dict(zip(batch.meta["sample_ids"], batch.meta["sample_supervised_tokens"], strict=True))
-    return {"samples": samples, "fillers": batch.meta["fillers"]}
+    return {"samples": samples, "fillers": batch.meta["fillers"], "media": has_media(batch)}
 
 
 def _finish(trace, rank: int, message: str) -> int:

@@ -12,7 +12,7 @@ fixed length (CUDA graphs, torch.compile): the padding is one more masked sequen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,13 +28,18 @@ class PackedBatch(dict):
     batch holds (``sample_ids`` and ``sample_supervised_tokens`` of the real samples,
     ``num_tokens``, ``supervised_tokens``, ``num_bins``, ``fillers``, per bin
     ``bin_tokens`` and ``bin_sum_sq_lengths`` (its attention cost); ``num_tiles`` for
-    internvl), kept out of the model's arguments."""
+    internvl), kept out of the model's arguments.
+
+    It survives what trainers do to batches: ``.to()`` (and accelerate's ``send_to_device``,
+    which calls it) and pickling (dataloader workers) keep ``meta``; a rebuild from a plain
+    mapping, ``type(batch)(mapping)`` (transformers' ``Trainer._prepare_input``), gives a
+    valid batch whose ``meta`` is empty: ``loader.trainer`` moves batches with ``.to()``."""
 
     meta: dict[str, Any]
 
-    def __init__(self, inputs: dict[str, Any], meta: dict[str, Any]) -> None:
+    def __init__(self, inputs: Mapping[str, Any] = (), meta: dict[str, Any] | None = None) -> None:
         super().__init__(inputs)
-        self.meta = meta
+        self.meta = meta if meta is not None else dict(getattr(inputs, "meta", {}))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
         """A copy with every tensor on ``device`` (flash-attn wants ``cu_seq_lens_*`` there too)."""

@@ -9,104 +9,25 @@ exactly once per epoch, and a resume from a mid-epoch checkpoint trains exactly 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mmpack_udfs.demo import data as demo_data
-from tests.conftest import PACKED_DEMO_SETTINGS, demo_run
+from tests.examples.torchrun import (
+    MANUAL,
+    ROOT,
+    TIMEOUT_S,
+    check_epoch,
+    expected_supervised,
+    read_trace,
+    torchrun,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "train_qwen2_vl.py"
-TIMEOUT_S = 900
-
-
-@pytest.fixture(scope="module")
-def packed(spark, tmp_path_factory) -> Path:
-    """A small demo (images and videos) packed into 11 bins: neither 2 nor 3 divides it. One
-    packing group, so the bin count depends on sample lengths only (sample ids hash the
-    media paths, and the hash of an id picks its group)."""
-    from mmpack_udfs.normalize import stage as normalize
-    from mmpack_udfs.pack import stage as pack
-    from mmpack_udfs.tokenize import stage as tokenize
-
-    data = demo_data.generate(tmp_path_factory.mktemp("ddp-demo"), samples=60, seed=12)
-    out = tmp_path_factory.mktemp("ddp-out")
-    config = demo_run(data, out, *PACKED_DEMO_SETTINGS)
-    normalize.run(spark, config)
-    tokenize.run(spark, config)
-    pack.run(spark, config)
-    return out / "packed"
-
-
-def expected_supervised(packed: Path) -> dict[str, int]:
-    """Per sample, its supervised tokens, read from the shards with pyarrow alone: labels
-    ≠ -100, not counting a sample's first token (it is never a target)."""
-    manifest = json.loads((packed / "manifest.json").read_text())
-    out = {}
-    for shard in manifest["shards"]:
-        table = pq.read_table(packed / shard["path"], columns=["labels", "cu_seqlens", "sample_ids"])
-        for labels, cu, ids in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True):
-            supervised = np.asarray(labels) != -100
-            for sample, a, b in zip(ids, cu[:-1], cu[1:], strict=True):
-                out[sample] = int(supervised[a + 1 : b].sum())
-    return out
-
-
-def torchrun(world: int, *args: str, log: Path) -> str:
-    """Run the example under torchrun, output in ``log``. A run still going after TIMEOUT_S (a
-    hang) fails the test; torchrun is stopped with SIGTERM, which its agent passes on to
-    every rank (ranks run in sessions of their own), then killed."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            [*command, str(EXAMPLE), *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-        try:
-            process.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            pytest.fail(f"torchrun with {world} ranks did not finish in {TIMEOUT_S} s (a rank hung)")
-    output = log.read_text()
-    assert process.returncode == 0, output[-6000:]
-    return output
-
-
-def read_trace(trace: Path, world: int) -> list[list[dict]]:
-    """Per rank, its micro-batch records in order."""
-    return [
-        [json.loads(line) for line in Path(f"{trace}.rank{r}").read_text().splitlines()] for r in range(world)
-    ]
-
-
-def check_epoch(records: list[list[dict]], epoch: int, expected: dict[str, int]) -> None:
-    per_rank = [[r for r in rank if r["epoch"] == epoch] for rank in records]
-    assert len({len(rank) for rank in per_rank}) == 1, (
-        f"epoch {epoch}: ranks ran {[len(r) for r in per_rank]}"
-    )
-    trained: dict[str, list[int]] = defaultdict(list)
-    for rank in per_rank:
-        for record in rank:
-            for sample, tokens in record["samples"].items():
-                trained[sample].append(tokens)
-    assert {s: t for s, t in trained.items() if len(t) > 1} == {}, "samples trained twice"
-    assert {s: t[0] for s, t in trained.items()} == expected
-    bins = len({tuple(r["samples"]) for rank in per_rank for r in rank if r["samples"]})
-    fillers = sum(r["fillers"] for rank in per_rank for r in rank)
-    assert fillers == -(-bins // len(records)) * len(records) - bins  # one per short rank, none else
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +35,7 @@ def full_run(packed, tmp_path_factory) -> tuple[Path, str]:
     """Two ranks, two dataloader workers each, two epochs, 2 micro-batches per step."""
     out = tmp_path_factory.mktemp("ddp-full")
     args = ["--manifest", str(packed), "--out", str(out / "ckpt"), "--workers", "2", "--grad-accum", "2"]
-    stdout = torchrun(2, *args, "--epochs", "2", "--trace", str(out / "trace"), log=out / "log")
+    stdout = torchrun(MANUAL, 2, *args, "--epochs", "2", "--trace", str(out / "trace"), log=out / "log")
     return out / "trace", stdout
 
 
@@ -142,15 +63,17 @@ def test_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run):
 
 def test_three_ranks_equal_steps_exactly_once(packed, tmp_path):
     args = ["--manifest", str(packed), "--out", str(tmp_path / "ckpt"), "--workers", "1", "--grad-accum", "3"]
-    torchrun(3, *args, "--trace", str(tmp_path / "trace"), log=tmp_path / "log")
+    torchrun(MANUAL, 3, *args, "--trace", str(tmp_path / "trace"), log=tmp_path / "log")
     check_epoch(read_trace(tmp_path / "trace", 3), 0, expected_supervised(packed))
 
 
 def test_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
     args = ["--manifest", str(packed), "--out", str(tmp_path / "ckpt"), "--workers", "2", "--grad-accum", "2"]
-    first = torchrun(2, *args, "--stop-after", "2", "--trace", str(tmp_path / "first"), log=tmp_path / "log1")
+    first = torchrun(
+        MANUAL, 2, *args, "--stop-after", "2", "--trace", str(tmp_path / "first"), log=tmp_path / "log1"
+    )
     assert "stopped after step 2" in first
-    torchrun(2, *args, "--resume", "--trace", str(tmp_path / "rest"), log=tmp_path / "log2")
+    torchrun(MANUAL, 2, *args, "--resume", "--trace", str(tmp_path / "rest"), log=tmp_path / "log2")
     before, after = read_trace(tmp_path / "first", 2), read_trace(tmp_path / "rest", 2)
     assert all(len(rank) == 4 for rank in before)  # 2 steps × 2 micro-batches, per rank
     assert all(r["step"] >= 2 for rank in after for r in rank)
@@ -190,7 +113,7 @@ def test_a_hybrid_model_without_its_kernels_is_refused_before_training(family_ru
         "torch.distributed.run",
         "--standalone",
         "--nproc-per-node=1",
-        str(EXAMPLE),
+        str(MANUAL),
     ]
     args = ["--manifest", str(packed), "--model", "tiny-qwen3_5", "--out", str(tmp_path / "ckpt")]
     done = subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)

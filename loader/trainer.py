@@ -1,0 +1,281 @@
+"""Train on mmpack shards with transformers' ``Trainer``: ``PackedTrainer``.
+
+    from loader.trainer import PackedTrainer
+
+    args = TrainingArguments("ckpt", per_device_train_batch_size=1, gradient_accumulation_steps=2)
+    trainer = PackedTrainer(model=model, args=args, manifest="OUT/packed")
+    trainer.train()                              # or train(resume_from_checkpoint=True)
+
+Run it under ``torchrun`` (or ``accelerate launch``) like any Trainer script. What it
+changes in ``Trainer``, and why:
+
+- **The dataloader.** Each rank reads its own plan (``PackedDataset``: equal steps on
+  every rank, every bin once per epoch), through a ``StatefulDataLoader`` that accelerate
+  neither dispatches from rank 0 nor re-shards. ``len`` is the rank's micro-batches per
+  epoch (workers batch their own runs), and ``set_epoch`` reaches the dataset.
+- **Batches** move to the device with ``PackedBatch.to`` (the metadata stays), and a
+  micro-batch without images (videos) gets a masked idle image (video) so that every rank
+  runs the vision tower as often on every step (FSDP, ZeRO-3; ``loader.training``);
+  ``idle_media=False`` turns that off.
+- **The loss** of a micro-batch is its summed cross-entropy (logits only at supervised
+  positions) over the supervised tokens of the whole optimizer step, all micro-batches of
+  all ranks, times the world size (DDP and FSDP average gradients over ranks): the same
+  gradient as ``examples/train_qwen2_vl.py``.
+- **Checkpoints** hold every rank's loader state (``mmpack-loader-rank{N}.pt``), and
+  ``train(resume_from_checkpoint=…)`` continues the epoch exactly where it stopped without
+  re-reading the batches Trainer skips (``accelerate.skip_first_batches`` would replay and
+  decode them, then lose the loader's position).
+
+Evaluation datasets are not taken yet (they come with mmpack's eval split). transformers,
+accelerate and torchdata are imported here only: ``import loader`` stays free of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from loader.collate import PackedBatch, collate_packed
+from loader.dataset import PackedDataset
+from loader.hybrid import require_sample_isolation
+from loader.training import idle_media_settings, step_supervised_tokens, summed_loss, with_idle_media
+
+LOADER_STATE = "mmpack-loader-rank{rank}.pt"
+
+
+class _Skipped:
+    """What Trainer drops in place of the batches a resumed epoch had already trained."""
+
+
+SKIPPED = _Skipped()
+
+
+class EpochBatches:
+    """The train dataloader Trainer sees: this rank's micro-batches of an epoch, counted, so
+    that a checkpoint records where the epoch stands.
+
+    Trainer resumes mid-epoch by ``accelerate.skip_first_batches(loader, n)``, which makes a
+    new ``DataLoader`` over ``loader.dataset`` with ``loader``'s settings and drops its first
+    ``n`` batches. Here that dataset (``_ResumedEpoch``) yields ``n`` placeholders and then
+    the batches of this (restored) loader, and the settings below pass them through as they
+    are, so nothing is read twice and the loader keeps its state."""
+
+    batch_size = None  # what skip_first_batches copies: no batching, no workers, identity collate
+    drop_last = False
+    num_workers = 0
+    prefetch_factor = None
+
+    def __init__(self, loader: StatefulDataLoader, batches_per_epoch: int) -> None:
+        self.loader, self.batches_per_epoch = loader, batches_per_epoch
+        self.yielded, self.resumed_at = 0, 0
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        self.yielded, self.resumed_at = self.resumed_at, 0
+        for batch in self.loader:
+            self.yielded += 1
+            yield batch
+
+    @staticmethod
+    def collate_fn(item: Any) -> Any:
+        return item
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.dataset.set_epoch(epoch)
+
+    @property
+    def dataset(self) -> _ResumedEpoch:
+        return _ResumedEpoch(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict(), "batches": self.yielded}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch after its ``batches``; a state saved at an epoch's end
+        leaves the loader as it is (Trainer starts the next epoch)."""
+        if state["batches"] >= self.batches_per_epoch:
+            return
+        self.loader.load_state_dict(state["loader"])
+        self.resumed_at = state["batches"]
+
+
+class _ResumedEpoch(IterableDataset):
+    """A resumed epoch as ``skip_first_batches`` reads it: placeholders for the batches
+    already trained, then the rest from the restored loader."""
+
+    def __init__(self, batches: EpochBatches) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from itertools.repeat(SKIPPED, self.batches.resumed_at)
+        yield from self.batches
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)
+
+
+class PackedTrainerMixin:
+    """The ``Trainer`` overrides (see the module docstring); ``PackedTrainer`` puts them on
+    transformers' ``Trainer``. Pass ``manifest`` (and ``dataset_options`` for
+    ``PackedDataset``) or a ready ``train_dataset``; ``trace`` appends one JSON line per
+    micro-batch and rank to ``{trace}.rank{N}`` with what the training step received."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: Any,
+        *,
+        manifest: str | None = None,
+        train_dataset: PackedDataset | None = None,
+        dataset_options: dict[str, Any] | None = None,
+        idle_media: bool | None = None,
+        trace: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("eval_dataset") is not None:
+            raise ValueError("PackedTrainer takes no eval_dataset yet: evaluate outside it or unpacked")
+        if args.dataloader_persistent_workers:
+            raise ValueError(
+                "dataloader_persistent_workers=True keeps the first epoch in the workers: PackedDataset "
+                "needs new workers each epoch (set_epoch); leave it False"
+            )
+        if train_dataset is None:
+            if manifest is None:
+                raise ValueError("PackedTrainer needs manifest= (OUT/packed) or train_dataset=PackedDataset")
+            options = {"seed": args.seed, **(dataset_options or {})}
+            train_dataset = PackedDataset(
+                manifest, rank=args.process_index, world_size=args.world_size, **options
+            )
+        if (train_dataset.rank, train_dataset.world_size) != (args.process_index, args.world_size):
+            raise ValueError(
+                f"the dataset reads as rank {train_dataset.rank} of {train_dataset.world_size}, the trainer "
+                f"is rank {args.process_index} of {args.world_size}"
+            )
+        require_sample_isolation(model)
+        settings = idle_media_settings(model.config)
+        if idle_media and settings is None:
+            raise ValueError(f"idle_media: {type(model).__name__} has no Qwen-VL vision tower")
+        super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
+        self.idle_media = settings if idle_media is not False else None
+        self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's tokens
+        self.trace_path = f"{trace}.rank{args.process_index}" if trace else None
+        self.epoch_batches: EpochBatches | None = None
+        self._loader_state: dict[str, Any] | None = None
+
+    # -- data ---------------------------------------------------------------------------------
+    def get_train_dataloader(self) -> EpochBatches:
+        dataset: PackedDataset = self.train_dataset
+        size, workers = self.args.per_device_train_batch_size, self.args.dataloader_num_workers
+        loader = StatefulDataLoader(
+            dataset,
+            batch_size=size,
+            collate_fn=collate_packed,
+            num_workers=workers,
+            pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
+            prefetch_factor=self.args.dataloader_prefetch_factor if workers else None,
+            multiprocessing_context=self.args.dataloader_multiprocessing_context if workers else None,
+        )
+        self.epoch_batches = EpochBatches(loader, dataset.num_batches(size, workers))
+        if self._loader_state is not None:
+            self.epoch_batches.load_state_dict(self._loader_state)
+            self._loader_state = None
+        return self.epoch_batches
+
+    def get_batch_samples(
+        self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
+    ) -> tuple[list[PackedBatch], torch.Tensor | None]:
+        """The optimizer step's micro-batches and its supervised tokens across ranks."""
+        batches = list(itertools.islice(epoch_iterator, num_batches))
+        if any(b is SKIPPED for b in batches):
+            raise RuntimeError(
+                "Trainer skipped fewer batches than the checkpoint's loader state had trained: "
+                "resume with the gradient accumulation steps and batch size of the saved run"
+            )
+        return batches, step_supervised_tokens(batches, device) if batches else None
+
+    def _prepare_inputs(self, inputs: PackedBatch) -> PackedBatch:
+        batch = inputs.to(self.args.device)
+        if self.idle_media is not None:
+            batch = with_idle_media(batch, self.idle_media)
+        return batch
+
+    # -- the step -----------------------------------------------------------------------------
+    def training_step(
+        self, model: torch.nn.Module, inputs: PackedBatch, num_items_in_batch: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.trace_path:
+            self._trace(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: PackedBatch,
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if return_outputs:
+            raise ValueError("PackedTrainer computes no outputs for evaluation yet")
+        loss = summed_loss(model, inputs)
+        if num_items_in_batch is None:  # one micro-batch on its own
+            num_items_in_batch = step_supervised_tokens([inputs], loss.device)
+        return loss * self.accelerator.num_processes / num_items_in_batch.to(loss.dtype)
+
+    def _trace(self, batch: PackedBatch) -> None:
+        samples = dict(zip(batch.meta["sample_ids"], batch.meta["sample_supervised_tokens"], strict=True))
+        record = {
+            "epoch": self.train_dataset.epoch,
+            "step": self.state.global_step,
+            "rank": self.args.process_index,
+            "samples": samples,
+            "fillers": batch.meta["fillers"],
+            "media": any(k in batch for k in ("pixel_values", "pixel_values_videos")),
+        }
+        with open(self.trace_path, "a") as out:
+            out.write(json.dumps(record) + "\n")
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        os.makedirs(folder, exist_ok=True)
+        torch.save(self.epoch_batches.state_dict(), os.path.join(folder, self._loader_file()))
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """``Trainer.train``; a resume also restores this rank's loader from the checkpoint."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"no checkpoint to resume from in {self.args.output_dir}")
+        if resume_from_checkpoint and not self.args.ignore_data_skip:
+            path = os.path.join(resume_from_checkpoint, self._loader_file())
+            if not os.path.exists(path):
+                raise ValueError(
+                    f"{resume_from_checkpoint} holds no loader state for rank {self.args.process_index} "
+                    f"({self._loader_file()}): it was not saved by PackedTrainer with this world size"
+                )
+            self._loader_state = torch.load(path, weights_only=False)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _loader_file(self) -> str:
+        return LOADER_STATE.format(rank=self.args.process_index)
+
+
+class PackedTrainer(PackedTrainerMixin, Trainer):
+    """transformers' ``Trainer`` on mmpack shards (see the module docstring)."""
