@@ -10,7 +10,8 @@ The flags are ``examples/train_qwen2_vl.py``'s where they apply; ``--model tiny`
 ``--trace FILE`` appends, per rank, one JSON line per micro-batch with what the Trainer's
 training step received (written from inside the step). ``--stop-after N`` saves a
 checkpoint after N optimizer steps and stops; ``--resume`` continues from the latest
-checkpoint in ``--out`` (Trainer's own ``resume_from_checkpoint``).
+checkpoint in ``--out`` (Trainer's own ``resume_from_checkpoint``). A finished run saves the
+model to ``--out``/final.
 """
 
 from __future__ import annotations
@@ -108,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         batches = trainer.train_dataset.num_batches(args.bins_per_micro_batch, args.workers)
         print(f"{training.world_size} rank(s), {batches} micro-batches per rank per epoch")
     result = trainer.train(resume_from_checkpoint=True if args.resume else None)
+    stopped = bool(args.stop_after) and result.global_step >= args.stop_after
+    if not stopped:
+        trainer.save_model(str(Path(args.out) / "final"))
     if training.process_index == 0:
-        if args.stop_after and result.global_step >= args.stop_after:
+        if stopped:
             print(f"stopped after step {result.global_step}")
         else:
             loss = f"loss {result.training_loss:.4f} per supervised token"

@@ -24,7 +24,8 @@ changes in ``Trainer``, and why:
 - **Checkpoints** hold every rank's loader state (``mmpack-loader-rank{N}.pt``), and
   ``train(resume_from_checkpoint=…)`` continues the epoch exactly where it stopped without
   re-reading the batches Trainer skips (``accelerate.skip_first_batches`` would replay and
-  decode them, then lose the loader's position).
+  decode them, then lose the loader's position). The weights come back even for models
+  whose saved names differ from their own (Trainer drops those: transformers#43701).
 
 Evaluation datasets are not taken yet (they come with mmpack's eval split). transformers,
 accelerate and torchdata are imported here only: ``import loader`` stays free of them.
@@ -39,10 +40,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from loader.collate import PackedBatch, collate_packed
 from loader.dataset import PackedDataset
@@ -257,6 +260,28 @@ class PackedTrainerMixin:
         os.makedirs(folder, exist_ok=True)
         torch.save(self.epoch_batches.state_dict(), os.path.join(folder, self._loader_file()))
 
+    def _load_from_checkpoint(
+        self, resume_from_checkpoint: str, model: torch.nn.Module | None = None
+    ) -> None:
+        """Trainer restores a checkpoint's weights with a plain ``load_state_dict``, which
+        misses every weight ``save_pretrained`` renamed to the original checkpoint layout (all
+        of the Qwen-VL line's: transformers#43701, open in 5.23): the model then resumes from
+        its initial weights, with only a warning. When the saved names are not the model's,
+        the checkpoint is read as ``from_pretrained`` reads it, then copied in, strictly."""
+        model = model if model is not None else self.model
+        saved = _saved_weight_names(resume_from_checkpoint)
+        if (
+            self.is_fsdp_enabled
+            or self.is_deepspeed_enabled
+            or saved is None
+            or saved == set(model.state_dict())
+        ):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        dtype = next(model.parameters()).dtype
+        loaded = type(model).from_pretrained(resume_from_checkpoint, dtype=dtype, device_map="cpu")
+        model.load_state_dict(loaded.state_dict(), strict=True)
+        return None
+
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """``Trainer.train``; a resume also restores this rank's loader from the checkpoint."""
         if resume_from_checkpoint is True:
@@ -275,6 +300,19 @@ class PackedTrainerMixin:
 
     def _loader_file(self) -> str:
         return LOADER_STATE.format(rank=self.args.process_index)
+
+
+def _saved_weight_names(checkpoint: str) -> set[str] | None:
+    """The tensor names of a checkpoint's safetensors weights (one file or an index), or None."""
+    index = os.path.join(checkpoint, SAFE_WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        with open(index) as handle:
+            return set(json.load(handle)["weight_map"])
+    single = os.path.join(checkpoint, SAFE_WEIGHTS_NAME)
+    if os.path.isfile(single):
+        with safe_open(single, "pt") as weights:
+            return set(weights.keys())
+    return None
 
 
 class PackedTrainer(PackedTrainerMixin, Trainer):

@@ -18,6 +18,8 @@ import sys
 from collections import Counter
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.examples.torchrun import (
     MANUAL,
@@ -44,11 +46,11 @@ def full_run(packed, tmp_path_factory):
     out = tmp_path_factory.mktemp("trainer-full")
     args = trainer_args(packed, out / "ckpt", "--epochs", "2", "--trace", str(out / "trace"))
     stdout = torchrun(TRAINER, 2, *args, log=out / "log")
-    return out / "trace", stdout
+    return out / "trace", stdout, out / "ckpt"
 
 
 def test_trainer_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run):
-    trace, stdout = full_run
+    trace, stdout, _ = full_run
     records = read_trace(trace, 2)
     expected = expected_supervised(packed)
     for epoch in (0, 1):
@@ -59,27 +61,30 @@ def test_trainer_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run)
 
 
 def test_trainer_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
-    stop = ["--stop-after", "2", "--trace", str(tmp_path / "a")]
+    """Stopped after 2 of epoch 0's 3 steps, resumed through Trainer's resume_from_checkpoint:
+    the same micro-batches as the uninterrupted run, and the same final weights."""
+    stop = ["--epochs", "2", "--stop-after", "2", "--trace", str(tmp_path / "a")]
     first = torchrun(TRAINER, 2, *trainer_args(packed, tmp_path / "ckpt", *stop), log=tmp_path / "log1")
     assert "stopped after step 2" in first
     assert sorted(p.name for p in (tmp_path / "ckpt" / "checkpoint-2").glob("mmpack-loader-rank*.pt")) == [
         "mmpack-loader-rank0.pt",
         "mmpack-loader-rank1.pt",
     ]
-    torchrun(
-        TRAINER, 2, *trainer_args(packed, tmp_path / "ckpt", "--resume", "--trace", str(tmp_path / "b")),
-        log=tmp_path / "log2",
-    )  # fmt: skip
+    rest = ["--epochs", "2", "--resume", "--trace", str(tmp_path / "b")]
+    torchrun(TRAINER, 2, *trainer_args(packed, tmp_path / "ckpt", *rest), log=tmp_path / "log2")
     before, after = read_trace(tmp_path / "a", 2), read_trace(tmp_path / "b", 2)
     assert all(len(rank) == 4 for rank in before)  # 2 steps × 2 micro-batches, per rank
-    assert all(len(rank) == 2 and all(r["step"] == 2 for r in rank) for rank in after)
+    assert all([r["step"] for r in rank] == [2, 2, 3, 3, 4, 4, 5, 5] for rank in after)
     joined = [b + a for b, a in zip(before, after, strict=True)]
-    check_epoch(joined, 0, expected_supervised(packed))
+    expected = expected_supervised(packed)
+    for epoch in (0, 1):
+        check_epoch(joined, epoch, expected)
     uninterrupted = read_trace(full_run[0], 2)
     for rank in range(2):  # the very same micro-batches, in the same order, as without the stop
-        assert [r["samples"] for r in joined[rank]] == [
-            r["samples"] for r in uninterrupted[rank] if r["epoch"] == 0
-        ]
+        assert [r["samples"] for r in joined[rank]] == [r["samples"] for r in uninterrupted[rank]]
+    resumed, whole = (load_file(d / "final" / "model.safetensors") for d in (tmp_path / "ckpt", full_run[2]))
+    assert resumed.keys() == whole.keys()
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole), "weights differ after the resume"
 
 
 def test_trainer_first_step_equals_the_manual_example(packed, tmp_path):
