@@ -35,6 +35,9 @@ def _example(name: str):
     return module
 
 
+MANUAL = _example("train_qwen2_vl")  # its model loading and flags
+
+
 class StopAfter(TrainerCallback):
     """Save a checkpoint and stop after ``steps`` optimizer steps."""
 
@@ -50,24 +53,9 @@ class StopAfter(TrainerCallback):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--manifest", required=True, help="OUT/packed, its manifest.json, or s3://...")
-    parser.add_argument(
-        "--model", default="tiny", help="a local model directory, 'tiny' (Qwen2-VL) or 'tiny-<model_type>'"
+    MANUAL.training_flags(parser).add_argument(
+        "--max-grad-norm", type=float, default=1.0, help="0: no clipping"
     )
-    parser.add_argument("--out", required=True, help="Trainer's output_dir (checkpoints)")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--bins-per-micro-batch", type=int, default=1)
-    parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
-    parser.add_argument("--workers", type=int, default=1, help="dataloader workers per rank")
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--attn", default="sdpa", help="sdpa, eager or flash_attention_2")
-    parser.add_argument("--drop-remainder", action="store_true", help="no filler bins; drop the epoch's tail")
-    parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N optimizer steps")
-    parser.add_argument("--stop-after", type=int, default=0, help="save and exit after N optimizer steps")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--trace", help="append what each training step received (JSON lines, per rank)")
     return parser.parse_args(argv)
 
 
@@ -96,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     training = training_arguments(args)
     device = training.device
-    model = _example("train_qwen2_vl").load_model(args.model, args.seed, args.attn, device)
+    model = MANUAL.load_model(args.model, args.seed, args.attn, device)
     trainer = PackedTrainer(
         model=model,
         args=training,

@@ -181,8 +181,8 @@ class Checkpoints:
         return json.loads((source / "progress.json").read_text())
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def training_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags both training examples take (``examples/train_hf_trainer.py`` too)."""
     parser.add_argument("--manifest", required=True, help="OUT/packed, its manifest.json, or s3://...")
     parser.add_argument(
         "--model", default="tiny", help="a local model directory, 'tiny' (Qwen2-VL) or 'tiny-<model_type>'"
@@ -198,8 +198,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--drop-remainder", action="store_true", help="no filler bins; drop the epoch's tail")
     parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N optimizer steps")
     parser.add_argument("--stop-after", type=int, default=0, help="save and exit after N optimizer steps")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/latest")
-    parser.add_argument("--trace", help="append what each micro-batch trained (JSON lines, per rank)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--trace", help="append what each training step received (JSON lines, per rank)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = training_flags(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument(
         "--fsdp",
         action="store_true",

@@ -1,5 +1,6 @@
 """The training side installs and runs without the Spark side: ``pip install 'mmpack[train]'``
-brings torch, torchdata, pyarrow, numpy, Pillow and OpenCV, and nothing of the pipeline."""
+brings torch, torchdata, pyarrow, numpy, Pillow and OpenCV, and nothing of the pipeline;
+``mmpack[train,hf]`` adds transformers and accelerate, and runs the Trainer example."""
 
 from __future__ import annotations
 
@@ -66,3 +67,19 @@ def test_fresh_virtualenv_with_only_the_training_install(packed_demo, tmp_path):
     assert result["steps"] == reference["steps"] > 0
     console = subprocess.run([str(env_dir / "bin" / "mmpack"), "run"], capture_output=True, text=True)
     assert console.returncode == 2 and "pip install 'mmpack[spark]'" in console.stderr
+
+    # + transformers and accelerate: the Trainer example trains; `import loader` still loads neither
+    done = subprocess.run([*pip, f"{ROOT}[train,hf]"], capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    after = read_with(str(env_dir / "bin" / "python"), packed_demo / "packed", tmp_path)
+    assert [name for name in SPARK_SIDE if name in after["modules"]] == []
+    example = [str(env_dir / "bin" / "python"), "-m", "torch.distributed.run", "--standalone"]
+    example += ["--nproc-per-node=1", str(ROOT / "examples" / "train_hf_trainer.py")]
+    example += ["--manifest", str(packed_demo / "packed"), "--out", str(tmp_path / "ckpt")]
+    trained = subprocess.run(
+        [*example, "--workers", "0", "--stop-after", "1"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    assert "stopped after step 1" in trained.stdout
+    assert (tmp_path / "ckpt" / "checkpoint-1" / "mmpack-loader-rank0.pt").exists()
