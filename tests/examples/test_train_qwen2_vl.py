@@ -92,6 +92,7 @@ def test_a_qwen3_vl_model_trains_on_its_family_shards_exactly_once(family_run, t
     packed = family_run("qwen3_vl").output / "packed"
     args = ["--manifest", str(packed), "--model", "tiny-qwen3_vl", "--out", str(tmp_path / "ckpt")]
     torchrun(
+        MANUAL,
         2,
         *args,
         "--workers",
