@@ -53,8 +53,12 @@ class StopAfter(TrainerCallback):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    MANUAL.training_flags(parser).add_argument(
-        "--max-grad-norm", type=float, default=1.0, help="0: no clipping"
+    flags = MANUAL.training_flags(parser)
+    flags.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
+    flags.add_argument(
+        "--eval",
+        action="store_true",
+        help="evaluate the run's evaluation split (eval.fraction) after training",
     )
     return parser.parse_args(argv)
 
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest=args.manifest,
         dataset_options={"drop_remainder": args.drop_remainder},
         trace=args.trace,
+        eval_split=args.eval,
         callbacks=[StopAfter(args.stop_after)] if args.stop_after else None,
     )
     if training.process_index == 0:
@@ -106,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             loss = f"loss {result.training_loss:.4f} per supervised token"
             print(f"finished {args.epochs} epoch(s), {result.global_step} steps, {loss}")
+    if args.eval and not stopped:
+        metrics = trainer.evaluate()
+        if training.process_index == 0:
+            print("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
     return 0
 
 

@@ -49,10 +49,12 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import PackedBatch, PackedDataset, collate_packed, require_sample_isolation
 from loader.training import (
+    dataset_losses,
     has_media,
     idle_media_settings,
     step_supervised_tokens,
-    summed_loss,
+    token_losses,
+    traced_samples,
     with_idle_media,
 )
 
@@ -124,24 +126,29 @@ def micro_batch_groups(batches: Iterator[PackedBatch], size: int) -> Iterator[li
 
 
 def accumulate_step(
-    wrapped: torch.nn.Module, group: list[PackedBatch], device: torch.device, idle: dict | None
-) -> tuple[float, float]:
+    wrapped: torch.nn.Module,
+    group: list[PackedBatch],
+    device: torch.device,
+    idle: dict | None,
+    datasets: list[str],
+) -> tuple[torch.Tensor, float]:
     """Forward and backward of one optimizer step's micro-batches (gradients reduced across
-    ranks on the last one); returns this rank's summed loss and the step's supervised tokens
-    over every micro-batch and rank, by which the loss is normalised: each token weighs the same."""
+    ranks on the last one). Returns this rank's summed loss and supervised tokens per dataset
+    ([2, datasets], ``dataset_losses``) and the step's supervised tokens over every
+    micro-batch and rank, by which the loss is normalised: each token weighs the same."""
     supervised = step_supervised_tokens(group, device).item()
     world = dist.get_world_size()
-    total_loss = 0.0
+    per_dataset = torch.zeros(2, len(datasets), dtype=torch.float64)
     for i, batch in enumerate(group):
         inputs = batch.to(device)
         if idle is not None:
             inputs = with_idle_media(inputs, idle)
         with gradient_sync(wrapped, sync=i == len(group) - 1):
-            loss_sum = summed_loss(wrapped, inputs)
+            losses, positions = token_losses(wrapped, inputs)
             # DDP and FSDP average gradients over ranks: scale by world size to get the global sum
-            (loss_sum * world / supervised).backward()
-        total_loss += loss_sum.item()
-    return total_loss, supervised
+            (losses.sum() * world / supervised).backward()
+        per_dataset += dataset_losses(losses, positions, inputs, datasets).cpu()
+    return per_dataset, supervised
 
 
 class Checkpoints:
@@ -245,19 +252,28 @@ def main(argv: list[str] | None = None) -> int:
     for epoch in range(progress["epoch"], args.epochs):
         dataset.set_epoch(epoch)  # a resumed loader continues this epoch where it stopped
         for group in micro_batch_groups(iter(loader), args.grad_accum):
-            total_loss, supervised = accumulate_step(wrapped, group, device, idle)
+            per_dataset, supervised = accumulate_step(wrapped, group, device, idle, dataset.datasets)
+            dist.all_reduce(per_dataset)  # every rank's sums: the step's loss per dataset
+            by_dataset = {
+                name: [loss, int(tokens)]
+                for name, loss, tokens in zip(dataset.datasets, *per_dataset.tolist(), strict=True)
+                if tokens
+            }
             if trace:
                 for batch in group:
                     record = {"epoch": epoch, "step": progress["step"], "rank": rank, **_traced(batch)}
-                    trace.write(json.dumps(record) + "\n")
+                    trace.write(json.dumps({**record, "datasets": by_dataset}) + "\n")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress["step"] += 1
-            summed = torch.tensor(total_loss, dtype=torch.float64)
-            dist.all_reduce(summed)
             if rank == 0:
-                mean = summed.item() / supervised
-                print(f"epoch {epoch} step {progress['step']}: loss {mean:.4f} per supervised token")
+                mean = per_dataset[0].sum().item() / supervised
+                parts = ", ".join(
+                    f"{name} {loss / tokens:.4f}" for name, (loss, tokens) in by_dataset.items()
+                )
+                print(
+                    f"epoch {epoch} step {progress['step']}: loss {mean:.4f} per supervised token ({parts})"
+                )
             done = args.stop_after and progress["step"] >= args.stop_after
             if done or (args.save_every and progress["step"] % args.save_every == 0):
                 checkpoints.save(progress["step"], model, optimizer, loader, {**progress, "epoch": epoch})
@@ -269,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _traced(batch: PackedBatch) -> dict:
     """What one micro-batch trained: each real sample with its supervised tokens."""
-    samples = dict(zip(batch.meta["sample_ids"], batch.meta["sample_supervised_tokens"], strict=True))
-    return {"samples": samples, "fillers": batch.meta["fillers"], "media": has_media(batch)}
+    return {"samples": traced_samples(batch), "fillers": batch.meta["fillers"], "media": has_media(batch)}
 
 
 def _finish(trace, rank: int, message: str) -> int:

@@ -25,7 +25,8 @@ VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video
 
 class PackedBatch(dict):
     """The keyword arguments of one forward pass (``model(**batch)``), and ``meta``: what the
-    batch holds (``sample_ids`` and ``sample_supervised_tokens`` of the real samples,
+    batch holds (``sample_ids``, ``sample_datasets`` and ``sample_supervised_tokens`` of the
+    real samples, ``sequence_datasets`` (each sequence's dataset, None for fillers and padding),
     ``num_tokens``, ``supervised_tokens``, ``num_bins``, ``fillers``, per bin
     ``bin_tokens`` and ``bin_sum_sq_lengths`` (its attention cost); ``num_tiles`` for
     internvl), kept out of the model's arguments.
@@ -106,6 +107,10 @@ def collate_packed(
         inputs["seq_idx"] = _seq_idx(items, pad_to - total if pad_to is not None else 0)
     meta: dict[str, Any] = {
         "sample_ids": [s for b in items for s in b["sample_ids"]],
+        "sample_datasets": [d for b in items if not b.get("filler") for d in _datasets(b)],
+        # the dataset of every sequence of cu_seq_lens (None: a filler's, the padding)
+        "sequence_datasets": [d for b in items for d in _datasets(b)]
+        + [None] * (pad_to is not None and pad > 0),
         "sample_supervised_tokens": [
             n for b in items if not b.get("filler") for n in _supervised_per_sample(b)
         ],
@@ -126,6 +131,11 @@ def collate_packed(
     if tiles:
         meta["num_tiles"] = torch.cat(tiles)
     return PackedBatch(inputs, meta)
+
+
+def _datasets(item: dict[str, Any]) -> list[str | None]:
+    """Each sequence's dataset (None where unknown: items built by hand, older shards)."""
+    return item.get("sample_datasets") or [None] * (len(item["cu_seqlens"]) - 1)
 
 
 def _seq_idx(items: Sequence[dict[str, Any]], pad: int) -> torch.Tensor:

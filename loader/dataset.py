@@ -2,13 +2,13 @@
 
 Per bin it yields ``input_ids``, ``labels`` (first token of every sample masked),
 ``position_ids`` (restarting at 0 per sample), ``cu_seqlens`` (int32, [n + 1]),
-``max_seqlen``, ``sample_ids``, ``filler``; for the Qwen-VL families the exact 3-row
+``max_seqlen``, ``sample_ids``, ``sample_datasets``, ``filler``; for the Qwen-VL families the exact 3-row
 ``mrope_position_ids`` (the family's positions from the stored grids and offsets, with or
 without pixels) and, for linear-attention models (Qwen3.5), ``seq_idx``; with media, the
 vision tensors (Qwen-VL: ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
 ``video_grid_thw`` (+ ``second_per_grid_ts``); internvl: ``pixel_values`` tiles +
 ``num_tiles``). The manifest's profile says the family (``mmpack_udfs.families``). A filler (see
-``loader.plan``) is a real bin with every label masked and no ``sample_ids``.
+``loader.plan``) is a real bin with every label masked, no ``sample_ids`` and no datasets.
 ``collate_packed`` turns items into what a model takes.
 """
 
@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader import balance, plan, vision
-from loader.source import ShardSource, load_manifest
+from loader.source import ShardError, ShardSource, load_manifest
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.families import Family, make_family
 from mmpack_udfs.io import fs
@@ -34,6 +34,7 @@ from mmpack_udfs.pack import costs
 
 MEDIA_ENCODINGS = ("file", "patches8")  # docs/FORMAT.md: what media[].data holds
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
+SPLITS = ("train", "eval")
 # what mRoPE reads of media (the fields of families' ``vision_blocks``)
 MROPE_FIELDS = [
     "sample_index",
@@ -55,6 +56,7 @@ def distributed_rank() -> tuple[int, int]:
 
 
 PIXEL_DTYPES = ("float32", "bfloat16", "uint8")
+EVAL_FOLDER = "packed-eval"  # beside packed/: schemas.packed_eval_uri
 
 
 class PackedDataset(IterableDataset):
@@ -66,6 +68,10 @@ class PackedDataset(IterableDataset):
     ranks' near-equal bins in both phases (``loader.balance``), priced by ``cost_model``
     (default: the manifest's ``balance.cost_model`` of its profile); ``shuffle_buffer`` then
     does not apply (the plan orders each rank). ``balance=False``: today's order.
+
+    ``split="eval"`` reads the run's evaluation pack (``OUT/packed-eval``, which the training
+    manifest names) instead: every evaluation sample once across ranks, equal steps per
+    rank; pass ``shuffle=False`` for the same order every time.
     """
 
     def __init__(
@@ -84,13 +90,14 @@ class PackedDataset(IterableDataset):
         balance: bool | None = None,
         cost_model: costs.CostModel | Mapping[str, Any] | None = None,
         pixel_dtype: str = "float32",
+        split: str = "train",
     ) -> None:
         super().__init__()
         if pixel_dtype not in PIXEL_DTYPES:
             raise ValueError(f"pixel_dtype must be one of {', '.join(PIXEL_DTYPES)}, got {pixel_dtype!r}")
         self.pixel_dtype = pixel_dtype
         self.storage = fs.Storage(s3 if isinstance(s3, fs.S3Options) else fs.S3Options.from_config(s3))
-        self.manifest = load_manifest(fs.normalize_uri(manifest_uri), self.storage)
+        self.manifest = load_split(fs.normalize_uri(manifest_uri), split, self.storage)
         self.media_encoding = self.manifest.get("media_encoding", "file")
         if self.media_encoding not in MEDIA_ENCODINGS:
             raise ValueError(
@@ -105,6 +112,7 @@ class PackedDataset(IterableDataset):
         self.verify, self.with_media = verify, with_media
         self.units = plan.units_of(self.manifest["shards"], self.manifest["bins_per_row_group"])
         self.profile = self.manifest["config"]["profiles"][self.manifest["profile"]]
+        self.datasets: list[str] = self.manifest.get("datasets", [])  # sorted: per-dataset losses
         self.epoch, self._consumed, self._resume = 0, 0, None
         self._source: ShardSource | None = None
         plan.Slot(self.rank, self.world_size)  # validates rank < world size
@@ -218,9 +226,38 @@ class PackedDataset(IterableDataset):
         return self._costs
 
 
+def load_split(manifest_uri: str, split: str, storage: fs.Storage) -> dict[str, Any]:
+    """The manifest of ``split`` of the run whose (training) manifest is ``manifest_uri``: the
+    evaluation pack lives beside the training one (``packed-eval/``) and carries its run id."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    manifest = load_manifest(manifest_uri, storage)
+    if split == "train" or manifest.get("split") == "eval":
+        return manifest
+    named = manifest.get("eval")
+    if not named:
+        raise ShardError(
+            f"{manifest_uri}: this run has no evaluation split (set eval.fraction or datasets[].eval_samples "
+            "and re-run pack)"
+        )
+    eval_manifest = load_manifest(fs.join(manifest["_root"].rsplit("/", 1)[0], EVAL_FOLDER), storage)
+    if eval_manifest.get("run_id") != named["run_id"]:
+        raise ShardError(
+            f"the evaluation pack beside {manifest_uri} is of run {eval_manifest.get('run_id')}, the "
+            f"training manifest names run {named['run_id']}: re-run pack"
+        )
+    return eval_manifest
+
+
 def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
     """A real bin that keeps a short rank in step and trains nothing: all labels masked."""
-    return {**item, "labels": torch.full_like(item["labels"], IGNORE), "sample_ids": [], "filler": True}
+    return {
+        **item,
+        "labels": torch.full_like(item["labels"], IGNORE),
+        "sample_ids": [],
+        "sample_datasets": [None] * len(item["sample_datasets"]),
+        "filler": True,
+    }
 
 
 @dataclass(frozen=True)
@@ -285,12 +322,15 @@ class _RowGroup:
             media_columns = ["media"]
         elif self.family.mrope:  # mRoPE needs the grids and offsets, not the pixels
             media_columns = source.nested_columns(unit.shard, "media", MROPE_FIELDS)
-        table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + media_columns).combine_chunks()
+        datasets = ["sample_datasets"] if source.has_column(unit.shard, "sample_datasets") else []
+        table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + datasets + media_columns)
+        table = table.combine_chunks()
         self.lists = {}
         for name in ("input_ids", "labels", "cu_seqlens"):
             array = table.column(name).chunk(0)
             self.lists[name] = (array.offsets.to_numpy(), array.values.to_numpy())
         self.sample_ids = table.column("sample_ids").chunk(0)
+        self.sample_datasets = table.column("sample_datasets").chunk(0) if datasets else None
         self.media = None
         if media_columns:
             self.media = _MediaColumn(table.column("media").chunk(0), views=bool(pixels and pixels.prepared))
@@ -313,6 +353,11 @@ class _RowGroup:
             "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
             "max_seqlen": int(lengths.max()),
             "sample_ids": self.sample_ids[row].as_py(),
+            "sample_datasets": (
+                self.sample_datasets[row].as_py()
+                if self.sample_datasets is not None
+                else [None] * (len(cu) - 1)
+            ),
             "filler": False,
         }
         media = self.media.row(row) if self.media is not None else []

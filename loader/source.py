@@ -48,6 +48,9 @@ class ShardSource:
         """Parquet paths of some fields of a list<struct> column (to read them without the rest)."""
         return schemas.nested_field_paths(self._open(shard).schema, column, fields)
 
+    def has_column(self, shard: int, column: str) -> bool:
+        return column in self._open(shard).schema_arrow.names
+
     def cost_index(self) -> pa.Table:
         """The manifest's cost index, checked (costs.read_index; its sha256 when verifying)."""
         try:

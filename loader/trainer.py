@@ -27,8 +27,13 @@ changes in ``Trainer``, and why:
   decode them, then lose the loader's position). The weights come back even for models
   whose saved names differ from their own (Trainer drops those: transformers#43701).
 
-Evaluation datasets are not taken yet (they come with mmpack's eval split). transformers,
-accelerate and torchdata are imported here only: ``import loader`` stays free of them.
+- **Evaluation** (``eval_split=True`` with ``manifest``, or ``eval_dataset=PackedDataset(...,
+  split="eval")``): every evaluation sample once across ranks, its loss summed per token and
+  divided by the evaluation split's supervised tokens, overall (``eval_loss``) and per
+  dataset (``eval_loss/<dataset>``), all-reduced; ``eval_strategy`` schedules it as usual.
+
+transformers, accelerate and torchdata are imported here only: ``import loader`` stays free
+of them.
 """
 
 from __future__ import annotations
@@ -50,7 +55,15 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from loader.collate import PackedBatch, collate_packed
 from loader.dataset import PackedDataset
 from loader.hybrid import require_sample_isolation
-from loader.training import idle_media_settings, step_supervised_tokens, summed_loss, with_idle_media
+from loader.training import (
+    dataset_losses,
+    idle_media_settings,
+    step_supervised_tokens,
+    summed_loss,
+    token_losses,
+    traced_samples,
+    with_idle_media,
+)
 
 LOADER_STATE = "mmpack-loader-rank{rank}.pt"
 
@@ -147,10 +160,10 @@ class PackedTrainerMixin:
         dataset_options: dict[str, Any] | None = None,
         idle_media: bool | None = None,
         trace: str | None = None,
+        eval_split: bool = False,
+        eval_dataset: PackedDataset | None = None,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("eval_dataset") is not None:
-            raise ValueError("PackedTrainer takes no eval_dataset yet: evaluate outside it or unpacked")
         if args.dataloader_persistent_workers:
             raise ValueError(
                 "dataloader_persistent_workers=True keeps the first epoch in the workers: PackedDataset "
@@ -168,11 +181,25 @@ class PackedTrainerMixin:
                 f"the dataset reads as rank {train_dataset.rank} of {train_dataset.world_size}, the trainer "
                 f"is rank {args.process_index} of {args.world_size}"
             )
+        if eval_split:
+            if manifest is None:
+                raise ValueError("eval_split=True reads the evaluation pack of manifest=: give it")
+            options = {"seed": args.seed, **(dataset_options or {}), "shuffle": False}
+            eval_dataset = PackedDataset(
+                manifest, rank=args.process_index, world_size=args.world_size, split="eval", **options
+            )
+        if eval_dataset is not None and not isinstance(eval_dataset, PackedDataset):
+            raise ValueError(
+                "PackedTrainer evaluates a PackedDataset (split='eval' or a manifest of its own), got "
+                f"{type(eval_dataset).__name__}"
+            )
         require_sample_isolation(model)
         settings = idle_media_settings(model.config)
         if idle_media and settings is None:
             raise ValueError(f"idle_media: {type(model).__name__} has no Qwen-VL vision tower")
-        super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
+        super().__init__(
+            model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs
+        )
         self.idle_media = settings if idle_media is not False else None
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's tokens
         self.trace_path = f"{trace}.rank{args.process_index}" if trace else None
@@ -216,6 +243,44 @@ class PackedTrainerMixin:
             batch = with_idle_media(batch, self.idle_media)
         return batch
 
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(
+        self,
+        eval_dataset: PackedDataset | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
+        """Loss per supervised token over the whole evaluation split, and per dataset; logged
+        and handed to the callbacks like Trainer's own metrics."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("no evaluation data: PackedTrainer(eval_split=True) or eval_dataset=")
+        loader = StatefulDataLoader(
+            dataset,
+            batch_size=self.args.per_device_eval_batch_size,
+            collate_fn=collate_packed,
+            num_workers=self.args.dataloader_num_workers,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        totals = torch.zeros(2, len(dataset.datasets), dtype=torch.float64, device=self.args.device)
+        with torch.no_grad():
+            for batch in loader:
+                inputs = self._prepare_inputs(batch)
+                losses, positions = token_losses(self.model, inputs)
+                totals += dataset_losses(losses, positions, inputs, dataset.datasets)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(totals)
+        self.model.train(was_training)
+        loss, tokens = totals.sum(dim=1).tolist()
+        metrics = {f"{metric_key_prefix}_loss": loss / max(tokens, 1), f"{metric_key_prefix}_tokens": tokens}
+        for name, (summed, count) in zip(dataset.datasets, totals.T.tolist(), strict=True):
+            if count:
+                metrics[f"{metric_key_prefix}_loss/{name}"] = summed / count
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
     # -- the step -----------------------------------------------------------------------------
     def training_step(
         self, model: torch.nn.Module, inputs: PackedBatch, num_items_in_batch: torch.Tensor | None = None
@@ -232,19 +297,18 @@ class PackedTrainerMixin:
         num_items_in_batch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if return_outputs:
-            raise ValueError("PackedTrainer computes no outputs for evaluation yet")
+            raise ValueError("PackedTrainer computes no outputs: its evaluate() sums losses per token")
         loss = summed_loss(model, inputs)
         if num_items_in_batch is None:  # one micro-batch on its own
             num_items_in_batch = step_supervised_tokens([inputs], loss.device)
         return loss * self.accelerator.num_processes / num_items_in_batch.to(loss.dtype)
 
     def _trace(self, batch: PackedBatch) -> None:
-        samples = dict(zip(batch.meta["sample_ids"], batch.meta["sample_supervised_tokens"], strict=True))
         record = {
             "epoch": self.train_dataset.epoch,
             "step": self.state.global_step,
             "rank": self.args.process_index,
-            "samples": samples,
+            "samples": traced_samples(batch),
             "fillers": batch.meta["fillers"],
             "media": any(k in batch for k in ("pixel_values", "pixel_values_videos")),
         }

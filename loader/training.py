@@ -25,15 +25,44 @@ from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 MEDIA_INPUTS = ("pixel_values", "pixel_values_videos")
 
 
-def summed_loss(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """Cross-entropy summed over the batch's supervised tokens. Logits only where the next
-    token is supervised (``logits_to_keep``): the vocabulary projection of every position
-    would be the largest tensor of the step. Labels are not shifted in the shards."""
+def token_losses(model: torch.nn.Module, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cross-entropy of every supervised token of the batch, and where each token is. Logits
+    only where the next token is supervised (``logits_to_keep``): the vocabulary projection of
+    every position would be the largest tensor of the step. Labels are not shifted in the shards."""
     inputs = dict(batch)
     labels = inputs.pop("labels")[0]
     keep = torch.nonzero(labels[1:] != IGNORE).flatten()  # position t predicts token t + 1
     logits = model(**inputs, logits_to_keep=keep).logits[0]
-    return F.cross_entropy(logits.float(), labels[keep + 1], reduction="sum")
+    return F.cross_entropy(logits.float(), labels[keep + 1], reduction="none"), keep + 1
+
+
+def summed_loss(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Cross-entropy summed over the batch's supervised tokens (``token_losses``)."""
+    return token_losses(model, batch)[0].sum()
+
+
+def dataset_losses(
+    losses: torch.Tensor, positions: torch.Tensor, batch: PackedBatch, datasets: Sequence[str]
+) -> torch.Tensor:
+    """[2, len(datasets)] float64, detached: per dataset (the manifest's ``datasets`` order), the
+    summed loss of its supervised tokens in this batch and their number. Each token's
+    sequence comes from ``cu_seq_lens_q``, its dataset from ``meta["sequence_datasets"]``.
+    Sum these over micro-batches and ranks (``all_reduce``), then divide row 0 by row 1."""
+    index = {name: i for i, name in enumerate(datasets)}
+    names = batch.meta["sequence_datasets"]
+    of_sequence = torch.tensor([index[n] if n is not None else -1 for n in names], device=losses.device)
+    cu = batch["cu_seq_lens_q"].to(device=losses.device, dtype=torch.int64)
+    sequence = torch.searchsorted(cu, positions, right=True) - 1
+    if len(positions) and int(sequence.max()) >= len(names):
+        raise ValueError("a supervised token lies after the batch's listed sequences (idle media are masked)")
+    dataset = of_sequence[sequence] if len(positions) else sequence
+    real = dataset >= 0
+    out = torch.zeros(2, len(datasets), dtype=torch.float64, device=losses.device)
+    out[0].index_add_(0, dataset[real], losses.detach()[real].to(torch.float64))
+    out[1].index_add_(
+        0, dataset[real], torch.ones(int(real.sum()), dtype=torch.float64, device=losses.device)
+    )
+    return out
 
 
 def step_supervised_tokens(group: Sequence[PackedBatch], device: torch.device | None = None) -> torch.Tensor:
@@ -44,6 +73,12 @@ def step_supervised_tokens(group: Sequence[PackedBatch], device: torch.device | 
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(total)
     return total.clamp(min=1)
+
+
+def traced_samples(batch: PackedBatch) -> list[tuple[str, int]]:
+    """(sample id, supervised tokens) of every real sample of the batch, in order: what a
+    training trace records (a sample repeated by a dataset weight appears once per copy)."""
+    return list(zip(batch.meta["sample_ids"], batch.meta["sample_supervised_tokens"], strict=True))
 
 
 def has_media(batch: PackedBatch) -> bool:

@@ -149,6 +149,8 @@ SHARD = pa.schema(
         pa.field("labels", pa.list_(pa.int32()), nullable=False),  # -100: not supervised
         pa.field("cu_seqlens", pa.list_(pa.int32()), nullable=False),  # [0, l1, l1+l2, ..., tokens]
         pa.field("sample_ids", pa.list_(pa.string()), nullable=False),
+        # each sample's dataset; added within version 1: shards written before it lack the column
+        pa.field("sample_datasets", pa.list_(pa.string()), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),
         pa.field("num_samples", pa.int32(), nullable=False),
         pa.field("image_tokens", pa.int32(), nullable=False),
@@ -159,6 +161,17 @@ SHARD = pa.schema(
         pa.field("media", pa.list_(SHARD_MEDIA), nullable=False),
     ]
 )
+
+ADDED_SHARD_COLUMNS = ("sample_datasets",)  # readers accept shards without them
+
+
+def is_shard_schema(schema: pa.Schema) -> bool:
+    """The shard schema, or the same without a column added since (docs/FORMAT.md: Compatibility)."""
+    if schema.equals(SHARD):
+        return True
+    older = pa.schema([f for f in SHARD if f.name not in ADDED_SHARD_COLUMNS])
+    return schema.equals(older)
+
 
 # Per-bin figures: the columns a report or a rank balancer reads without touching tokens.
 SHARD_FIGURES = (
@@ -192,6 +205,12 @@ def report_uri(output: str, name: str) -> str:
 def packed_uri(output: str) -> str:
     """``OUT/packed``: packed shards and manifest.json."""
     return fs.join(output, "packed")
+
+
+def packed_eval_uri(output: str) -> str:
+    """``OUT/packed-eval``: the evaluation split's shards and manifest.json (eval.fraction,
+    datasets[].eval_samples); the training manifest names its run in ``eval``."""
+    return fs.join(output, "packed-eval")
 
 
 def manifest_uri(output: str) -> str:

@@ -73,6 +73,13 @@ def _cost(value: Any) -> float:
     return number
 
 
+def _fraction(value: Any) -> float:
+    number = float(_number(value))
+    if not 0 <= number < 1:
+        raise ValueError
+    return number
+
+
 def _flag(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError
@@ -129,9 +136,13 @@ def _spark_setting(value: Any) -> Any:
 PositiveInt = Annotated[int, _rule("must be a positive integer", _whole(1))]
 NonNegativeInt = Annotated[int, _rule("must be a non-negative integer", _whole(0))]
 OptionalPositiveInt = Annotated[int | None, _rule("must be a positive integer or null", _optional(_whole(1)))]
+OptionalNonNegativeInt = Annotated[
+    int | None, _rule("must be a non-negative integer or null", _optional(_whole(0)))
+]
 Seconds = Annotated[int | float, _rule("must be a positive number of seconds", _positive)]
 Cost = Annotated[float, _rule("must be a finite number >= 0", _cost)]
 Seconds = Cost  # the same rule: a finite number >= 0
+Weight = Cost
 Flag = Annotated[bool, _rule("must be true or false", _flag)]
 Text = Annotated[str, _rule("must be a non-empty string", _text)]
 OptionalText = Annotated[str | None, _rule("must be a non-empty string or null", _optional(_text))]
@@ -265,6 +276,18 @@ class DatasetConfig(Section):
     ] = Field(
         None, description="with dataset_info: the entries to read (each becomes dataset <name>/<entry>)"
     )
+    weight: Weight = Field(
+        1.0,
+        description="repeat factor of its training samples: 2 = every sample twice, 0.3 = a deterministic "
+        "30 % subset, 1.5 = once plus a deterministic half (README: Mixing datasets and evaluation)",
+    )
+    max_samples: OptionalPositiveInt = Field(
+        None,
+        description="at most this many of its training samples (a deterministic choice), before `weight`",
+    )
+    eval_samples: OptionalNonNegativeInt = Field(
+        None, description="this many of its samples held out for evaluation (`null`: `eval.fraction`)"
+    )
     base_dir: str | None = Field(None, alias="_base_dir")  # set by load_config: where the file was
 
     @model_validator(mode="after")
@@ -376,7 +399,11 @@ class PackConfig(Section):
     embed_media: Flag = Field(
         True, description="store every media file's bytes in the shard; `false`: URIs only"
     )
-    seed: NonNegativeInt = Field(0, description="seeds the order of bins of equal cost")
+    seed: NonNegativeInt = Field(
+        0,
+        description="seeds the order of bins of equal cost and which samples a `weight` or `max_samples` "
+        "keeps",
+    )
 
     @model_validator(mode="after")
     def _second_budget_given(self) -> PackConfig:
@@ -386,6 +413,17 @@ class PackConfig(Section):
                 "pack.second_budget must be a positive integer when pack.second_budget_by is set",
             )
         return self
+
+
+class EvalConfig(Section):
+    """The evaluation split: samples held out of training, packed into `packed-eval/`."""
+
+    fraction: Annotated[float, _rule("must be a number in [0, 1)", _fraction)] = Field(
+        0.0,
+        description="share of every dataset's samples held out for evaluation (by a stable hash of the "
+        "sample id; a dataset's `eval_samples` overrides it)",
+    )
+    seed: NonNegativeInt = Field(0, description="seeds which samples the evaluation split takes")
 
 
 class CostModelConfig(Section):
@@ -607,6 +645,7 @@ class Config(Section):
     normalize: NormalizeConfig = NormalizeConfig()
     tokenize: TokenizeConfig = TokenizeConfig()
     pack: PackConfig = PackConfig()
+    eval: EvalConfig = EvalConfig()
     balance: BalanceConfig = BalanceConfig()
     profiles: dict[str, ProfileConfig] = Field(
         default_factory=lambda: {

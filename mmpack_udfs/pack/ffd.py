@@ -9,6 +9,10 @@ An optional second size per item (media items, vision patches) with its own budg
 honoured by descending two trees at once; a subtree is skipped when either maximum is
 too small, so the search stays near-logarithmic in practice.
 
+Optional ``groups``: items of one group (copies of one sample, from a dataset weight) go
+into different bins. They are equal in length and key, so they come one after the other;
+while one is placed, the bins its earlier copies took are hidden from the search.
+
 The hot loop is compiled with numba; no Python runs per item.
 """
 
@@ -48,11 +52,14 @@ def first_fit_decreasing(
     second: np.ndarray | None = None,
     second_budget: int | None = None,
     oversize: str = "error",
+    groups: np.ndarray | None = None,
 ) -> Packing:
     """Pack items of ``lengths`` (and ``second`` sizes) into bins of ``budget`` (``second_budget``).
 
     ``keys`` (uint64/int64, one per item, e.g. a hash of the sample id) break ties between
     equal lengths so that the result does not depend on the order items arrive in.
+    ``groups`` (int64, one per item): items sharing a group never share a bin; they must be
+    equal in length and key (copies of one item).
     """
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     n = len(lengths)
@@ -64,8 +71,8 @@ def first_fit_decreasing(
         raise ValueError("give both second and second_budget, or neither")
     second = np.zeros(n, np.int64) if second is None else np.ascontiguousarray(second, dtype=np.int64)
     second_budget = int(second_budget) if second_budget is not None else 0
-    if len(second) != n or (keys is not None and len(keys) != n):
-        raise ValueError("lengths, second and keys must have one entry per item")
+    if len(second) != n or (keys is not None and len(keys) != n) or (groups is not None and len(groups) != n):
+        raise ValueError("lengths, second, keys and groups must have one entry per item")
     if (lengths < 0).any() or (second < 0).any():
         raise ValueError("sizes must be non-negative")
 
@@ -81,12 +88,14 @@ def first_fit_decreasing(
     order = np.lexsort((tie, -lengths))  # longest first; equal lengths by key
     order = order[~too_big[order]]
     bin_of = np.full(n, -1, np.int64)
-    num_bins = _pack(lengths, second, order, budget, second_budget, bin_of)
+    group_of = np.arange(n, dtype=np.int64) if groups is None else np.ascontiguousarray(groups, np.int64)
+    widest = int(np.unique(group_of, return_counts=True)[1].max()) if n else 1
+    num_bins = _pack(lengths, second, order, budget, second_budget, group_of, widest, bin_of)
     return Packing(bin_of=bin_of, num_bins=int(num_bins), skipped=np.flatnonzero(too_big))
 
 
 @numba.njit(cache=True)
-def _pack(lengths, second, order, budget, second_budget, bin_of):  # pragma: no cover - compiled
+def _pack(lengths, second, order, budget, second_budget, group_of, widest, bin_of):  # pragma: no cover
     n = len(order)
     size = 1
     while size < max(n, 1):
@@ -96,8 +105,18 @@ def _pack(lengths, second, order, budget, second_budget, bin_of):  # pragma: no 
     room2 = np.full(2 * size if use_second else 2, second_budget, np.int64)
     num_bins = 0
     stack = np.empty(128, np.int64)
+    taken = np.empty(widest, np.int64)  # leaves of the bins the current group's items took
+    saved = np.empty((widest, 2), np.int64)  # their room while hidden
+    num_taken, group = 0, -1
     for item in order:
         need, need2 = lengths[item], second[item]
+        if group_of[item] != group:
+            group, num_taken = group_of[item], 0
+        for k in range(num_taken):  # hide them from the search
+            saved[k, 0], saved[k, 1] = room[taken[k]], room2[taken[k]] if use_second else 0
+            _set_leaf(room, taken[k], -1)
+            if use_second:
+                _set_leaf(room2, taken[k], -1)
         # leftmost leaf with room >= need (and room2 >= need2): DFS with pruning
         leaf = -1
         stack[0] = 1
@@ -113,19 +132,27 @@ def _pack(lengths, second, order, budget, second_budget, bin_of):  # pragma: no 
             stack[top] = 2 * node + 1  # right child visited after the left one
             stack[top + 1] = 2 * node
             top += 2
+        for k in range(num_taken):  # and show them again
+            _set_leaf(room, taken[k], saved[k, 0])
+            if use_second:
+                _set_leaf(room2, taken[k], saved[k, 1])
+        taken[num_taken] = leaf
+        num_taken += 1
         b = leaf - size
         bin_of[item] = b
         if b + 1 > num_bins:
             num_bins = b + 1
-        room[leaf] -= need
-        node = leaf // 2
-        while node >= 1:
-            room[node] = max(room[2 * node], room[2 * node + 1])
-            node //= 2
+        _set_leaf(room, leaf, room[leaf] - need)
         if use_second:
-            room2[leaf] -= need2
-            node = leaf // 2
-            while node >= 1:
-                room2[node] = max(room2[2 * node], room2[2 * node + 1])
-                node //= 2
+            _set_leaf(room2, leaf, room2[leaf] - need2)
     return num_bins
+
+
+@numba.njit(cache=True)
+def _set_leaf(tree, leaf, value):  # pragma: no cover - compiled
+    """Set a leaf of a max segment tree and update its ancestors."""
+    tree[leaf] = value
+    node = leaf // 2
+    while node >= 1:
+        tree[node] = max(tree[2 * node], tree[2 * node + 1])
+        node //= 2

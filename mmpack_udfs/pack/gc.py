@@ -2,8 +2,9 @@
 
 A pack writes its shards under ``OUT/packed/shards/<run tag>/`` and publishes them by
 writing ``manifest.json`` last, so a killed pack or a replaced one leaves files behind
-that nothing names. This deletes every file under ``OUT/packed/shards/`` that the
-published manifest does not name, and never one it names. The CLI holds the output
+that nothing names. This deletes every file under ``OUT/packed/shards/`` (and
+``OUT/packed-eval/shards/``) that the published manifests do not name, and never one they
+name. The CLI holds the output
 root's lock meanwhile, so no pack can be writing new shards.
 """
 
@@ -19,29 +20,48 @@ from mmpack_udfs.io import fs
 
 
 def collect(output: str, storage: fs.Storage = fs.LOCAL, dry_run: bool = False) -> dict[str, Any]:
-    """Delete (or with ``dry_run`` only list) unnamed shard files; return what was found."""
-    packed = schemas.packed_uri(output)
-    manifest_uri = fs.join(packed, schemas.MANIFEST_NAME)
-    named: set[str] = set()
-    if storage.exists(manifest_uri):
-        manifest = json.loads(storage.read_bytes(manifest_uri))
-        named = {fs.join(packed, shard["path"]) for shard in manifest["shards"]}
-        if "cost_index" in manifest:
-            named.add(fs.join(packed, manifest["cost_index"]["path"]))
-    filesystem, root = storage.filesystem(fs.join(packed, "shards"))
-    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    files = [i for i in filesystem.get_file_info(selector) if i.type == pafs.FileType.File]
+    """Delete (or with ``dry_run`` only list) unnamed shard files of the training pack and of
+    the evaluation pack (whose files count as named only while the training manifest names
+    its run); return what was found."""
+    packed, packed_eval = schemas.packed_uri(output), schemas.packed_eval_uri(output)
+    train = _manifest(packed, storage)
+    evaluation = _manifest(packed_eval, storage)
+    named_eval = (train or {}).get("eval") or {}
+    live_eval = evaluation if evaluation and evaluation.get("run_id") == named_eval.get("run_id") else None
+    files, unnamed = 0, []
+    for root, manifest in ((packed, train), (packed_eval, live_eval)):
+        filesystem, found, gone = _unnamed(root, manifest, storage)
+        files, unnamed = files + found, unnamed + gone
+        if not dry_run:
+            for info in gone:
+                filesystem.delete_file(info.path)
     prefix = "s3://" if fs.is_s3(packed) else ""
-    unnamed = [i for i in files if prefix + i.path not in named]
-    if not dry_run:
-        for info in unnamed:
-            filesystem.delete_file(info.path)
     return {
-        "kept": len(files) - len(unnamed),
+        "kept": files - len(unnamed),
         "unnamed": [prefix + i.path for i in unnamed],
         "bytes": sum(i.size for i in unnamed),
         "deleted": not dry_run,
     }
+
+
+def _manifest(root: str, storage: fs.Storage) -> dict[str, Any] | None:
+    uri = fs.join(root, schemas.MANIFEST_NAME)
+    return json.loads(storage.read_bytes(uri)) if storage.exists(uri) else None
+
+
+def _unnamed(root: str, manifest: dict[str, Any] | None, storage: fs.Storage) -> tuple[Any, int, list]:
+    """The filesystem of ``root/shards``, how many files lie under it, and those ``manifest``
+    does not name."""
+    named: set[str] = set()
+    if manifest is not None:
+        named = {fs.join(root, shard["path"]) for shard in manifest["shards"]}
+        if "cost_index" in manifest:
+            named.add(fs.join(root, manifest["cost_index"]["path"]))
+    filesystem, base = storage.filesystem(fs.join(root, "shards"))
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    files = [i for i in filesystem.get_file_info(selector) if i.type == pafs.FileType.File]
+    prefix = "s3://" if fs.is_s3(root) else ""
+    return filesystem, len(files), [i for i in files if prefix + i.path not in named]
 
 
 def format_summary(found: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from mmpack_udfs.io import fs
 # What the pack stage needs from the tokenized table.
 TOKENIZED_COLUMNS = [
     "sample_id",
+    "dataset",
     "input_ids",
     "labels",
     "num_tokens",
@@ -94,6 +95,9 @@ def build_bins(
         "cu_seqlens": _cu_seqlens(start_in_bin, bin_tokens, row_offsets),
         "sample_ids": pa.ListArray.from_arrays(
             pa.array(row_offsets.astype(np.int32)), taken.column("sample_id").chunk(0)
+        ),
+        "sample_datasets": pa.ListArray.from_arrays(
+            pa.array(row_offsets.astype(np.int32)), taken.column("dataset").chunk(0)
         ),
         "num_tokens": pa.array(bin_tokens.astype(np.int32)),
         "num_samples": pa.array(np.diff(row_offsets).astype(np.int32)),

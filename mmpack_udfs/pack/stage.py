@@ -38,7 +38,7 @@ from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.families import model_dir
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
-from mmpack_udfs.pack import costs, shards
+from mmpack_udfs.pack import costs, mix, shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.report import pack_report as report
 
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"
 BROADCAST_ROWS = 1_000_000  # placements up to this many rows (~50 MB) are broadcast to the join
-COUNT_COLUMNS = ["sample_id", "num_tokens", "image_tokens", "video_tokens", "media"]
+COUNT_COLUMNS = ["sample_id", "parent_id", "dataset", "num_tokens", "image_tokens", "video_tokens", "media"]
 
 WRITTEN = pa.struct(  # shards.WrittenShard
     [
@@ -90,6 +90,7 @@ class PackSettings:
     seed: int
     profile: Mapping[str, Any]  # the model profile the rows were tokenized with
     cost_model: costs.CostModel  # orders the bins into cost-stratified row groups
+    mix: mix.MixSettings  # dataset weights and caps, the evaluation split
 
     @classmethod
     def from_config(cls, config: Config) -> PackSettings:
@@ -107,6 +108,7 @@ class PackSettings:
             seed=p.seed,
             profile=config.profile.model_dump(),
             cost_model=costs.CostModel.for_profile(config, config.tokenize.profile),
+            mix=mix.MixSettings.from_config(config),
         )
 
     def second_sizes(self, rows: pa.Table) -> np.ndarray | None:
@@ -130,6 +132,7 @@ def derive_run_id(config: Config, tokenized_uri: str, version: int) -> str:
         "pack": config.pack.model_dump(),
         "tokenize": config.tokenize.model_dump(),
         "cost_model": config.balance.cost_model[config.tokenize.profile].model_dump(),  # orders the bins
+        "mix": mix.MixSettings.from_config(config).facts(),
     }
     return runs.run_id_from("pack", facts)
 
@@ -137,20 +140,23 @@ def derive_run_id(config: Config, tokenized_uri: str, version: int) -> str:
 # -- driver: where every row goes ---------------------------------------------------------
 @dataclass(frozen=True)
 class Placement:
-    """Where each row of the counts table goes (-1: skipped as over budget)."""
+    """Where each packed item goes: a row of the counts table, or one of its copies (a dataset
+    weight); copies of one row are in different bins."""
 
+    sample_id: pa.Array  # of each item
     shard: np.ndarray  # shard number
     bin_row: np.ndarray  # row of its bin in the shard
     position: np.ndarray  # its place in the bin (longest first)
-    skipped: np.ndarray  # indices of rows over a budget
     shard_bins: list[int]  # bins per shard
 
-    def table(self, counts: pa.Table) -> pa.Table:
-        """(sample_id, shard, bin_row, position) of every packed row."""
-        packed = pa.array(self.shard >= 0)
-        columns = [counts.column("sample_id").filter(packed)]
-        columns += [
-            pa.array(a[self.shard >= 0].astype(np.int32)) for a in (self.shard, self.bin_row, self.position)
+    @property
+    def items(self) -> int:
+        return len(self.shard)
+
+    def table(self) -> pa.Table:
+        """(sample_id, shard, bin_row, position) of every item."""
+        columns = [self.sample_id] + [
+            pa.array(a.astype(np.int32)) for a in (self.shard, self.bin_row, self.position)
         ]
         return pa.Table.from_arrays(columns, schema=PLACEMENT)
 
@@ -186,26 +192,35 @@ def check_oversize(counts: pa.Table, settings: PackSettings) -> np.ndarray:
     return np.flatnonzero(too_big)
 
 
-def place(counts: pa.Table, settings: PackSettings) -> Placement:
-    """Pack every row (first-fit-decreasing, ties in sample_id order) and lay the bins out in
+def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = None) -> Placement:
+    """Pack ``copies`` of every row (default: one; rows within the budgets) by first-fit-decreasing,
+    ties in sample_id order, copies of a row in different bins, and lay the bins out in
     cost-stratified row groups, ``bins_per_shard`` per shard."""
-    lengths = counts.column("num_tokens").to_numpy().astype(np.int64)
-    second = settings.second_sizes(counts)
+    if copies is None:
+        lengths = counts.column("num_tokens").to_numpy()
+        copies = (~settings.oversize_mask(lengths, settings.second_sizes(counts))).astype(np.int64)
+    rows = np.repeat(np.arange(counts.num_rows), copies)
+    items = counts.take(pa.array(rows, pa.int64()))
+    lengths = items.column("num_tokens").to_numpy().astype(np.int64)
+    second = settings.second_sizes(items)
     packing = first_fit_decreasing(
-        lengths, settings.budget, second=second, second_budget=settings.second_budget, oversize="skip"
+        lengths, settings.budget, second=second, second_budget=settings.second_budget, groups=rows
     )
-    lay = shards.layout(packing.bin_of, lengths, cost_stratified_order(counts, packing, settings))
+    lay = shards.layout(packing.bin_of, lengths, cost_stratified_order(items, packing, settings))
     per_bin = np.diff(lay.bin_starts)
-    written = np.full(len(lengths), -1, np.int64)
+    written = np.empty(len(lengths), np.int64)
     written[lay.rows] = np.repeat(np.arange(lay.num_bins), per_bin)
-    position = np.full(len(lengths), -1, np.int64)
+    position = np.empty(len(lengths), np.int64)
     position[lay.rows] = np.arange(len(lay.rows)) - np.repeat(lay.bin_starts[:-1], per_bin)
-    packed = written >= 0
-    shard = np.where(packed, written // settings.bins_per_shard, -1)
-    bin_row = np.where(packed, written % settings.bins_per_shard, -1)
     shard_bins = [min(settings.bins_per_shard, lay.num_bins - first)
                   for first in range(0, lay.num_bins, settings.bins_per_shard)]  # fmt: skip
-    return Placement(shard, bin_row, position, packing.skipped, shard_bins)
+    return Placement(
+        items.column("sample_id").combine_chunks(),
+        written // settings.bins_per_shard,
+        written % settings.bins_per_shard,
+        position,
+        shard_bins,
+    )
 
 
 def cost_stratified_order(counts: pa.Table, packing, settings: PackSettings) -> np.ndarray:
@@ -329,9 +344,6 @@ def published_run(packed_root: str, run_id: str, storage: fs.Storage) -> dict | 
 
 def run(spark, ctx: RunContext) -> dict[str, Any]:
     """Run the stage; return (and write, and print) the summary. Raises PackError."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     started = time.time()
     config, storage, packed_root = ctx.config, ctx.storage, ctx.packed
     tokenized_uri = ctx.table("tokenized")
@@ -345,29 +357,43 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
 
     counts = read_counts(tokenized_uri, snap, storage)
     over = check_oversize(counts, settings)
+    try:
+        chosen = mix.choose(counts, settings.mix, excluded=over)
+    except mix.MixError as err:
+        raise PackError(str(err)) from err
+    if counts.num_rows and not chosen.copies.any():
+        raise PackError(
+            "the dataset weights, max_samples and evaluation split leave no sample to train on: "
+            "give some dataset a weight above 0"
+        )
     shard_dir = f"shards/{tables.run_tag(run_id)}"
-    placement = place(counts, settings) if counts.num_rows else None
-    results: list[dict] = []
-    if placement is not None:
-        placed = spark.createDataFrame(
-            placement.table(counts).to_pandas(), schema=from_arrow_schema(PLACEMENT)
+    rows = tables.read_table(spark, tokenized_uri, storage, snap=snap).select(*shards.TOKENIZED_COLUMNS)
+    source = {"table": tokenized_uri, "version": snap.version}
+    evaluation = None
+    if chosen.eval.any():
+        eval_root = schemas.packed_eval_uri(ctx.output)
+        eval_placement = place(counts, settings, chosen.eval.astype(np.int64))
+        eval_results = write_placement(spark, rows, eval_placement, settings, eval_root, shard_dir, storage)
+        reconcile(eval_placement, eval_results)
+        eval_manifest = build_manifest(config, settings, run_id, source, eval_results, skipped=0)
+        eval_manifest.update(split="eval", datasets=sorted(set(counts.column("dataset").to_pylist())))
+        eval_manifest["cost_index"] = write_cost_index(
+            eval_root, shard_dir, eval_manifest, eval_results, storage
         )
-        df = tables.read_table(spark, tokenized_uri, storage, snap=snap).select(*shards.TOKENIZED_COLUMNS)
-        task = partial(
-            write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, storage=storage
-        )
-        if counts.num_rows <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
-            placed = F.broadcast(placed)
-        by_shard = df.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
-        results = [
-            r.asDict(recursive=True)
-            for r in by_shard.mapInArrow(task, from_arrow_schema(SHARD_RESULT)).collect()
-        ]
+        publish_manifest(eval_root, eval_manifest, storage)
+        evaluation = {
+            "run_id": run_id,
+            **{k: eval_manifest["totals"][k] for k in ("bins", "samples", "tokens")},
+        }
+    placement = place(counts, settings, chosen.copies) if counts.num_rows else None
+    results = write_placement(spark, rows, placement, settings, packed_root, shard_dir, storage)
     tasks_done = time.time()
-    results.sort(key=lambda r: r["shard"])
     skipped = skipped_rows(counts, over, settings)
-    reconcile(counts.num_rows, len(over), placement, results)
-    manifest = build_manifest(config, settings, run_id, tokenized_uri, snap.version, results, len(skipped))
+    reconcile(placement, results)
+    mixture = mix.summary(counts, chosen, over)
+    check_rows(counts.num_rows, mixture)
+    manifest = build_manifest(config, settings, run_id, source, results, len(skipped))
+    manifest.update(split="train", datasets=sorted(mixture), mix=mixture, eval=evaluation)
     manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, results, storage)
     storage.write_bytes(ctx.report(SKIPPED_NAME), _json(skipped))
     publish_manifest(packed_root, manifest, storage)
@@ -377,6 +403,35 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         "total": round(time.time() - started, 2),
     }
     return summary
+
+
+def write_placement(
+    spark,
+    rows,
+    placement: Placement | None,
+    settings: PackSettings,
+    packed_root: str,
+    shard_dir: str,
+    storage,
+) -> list[dict]:
+    """Spark: the tokenized ``rows`` joined to their places (a row once per copy), written as
+    whole shards; each shard's result row (``SHARD_RESULT``), by shard."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    if placement is None:
+        return []
+    placed = spark.createDataFrame(placement.table().to_pandas(), schema=from_arrow_schema(PLACEMENT))
+    task = partial(
+        write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, storage=storage
+    )
+    if placement.items <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
+        placed = F.broadcast(placed)
+    by_shard = rows.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
+    results = [
+        r.asDict(recursive=True) for r in by_shard.mapInArrow(task, from_arrow_schema(SHARD_RESULT)).collect()
+    ]
+    return sorted(results, key=lambda r: r["shard"])
 
 
 def skipped_rows(counts: pa.Table, over: np.ndarray, settings: PackSettings) -> list[dict[str, Any]]:
@@ -395,16 +450,17 @@ def skipped_rows(counts: pa.Table, over: np.ndarray, settings: PackSettings) -> 
     ]
 
 
-def reconcile(rows_in: int, oversize_rows: int, placement: Placement | None, results: list[dict]) -> None:
-    """rows in the table = rows the shard tasks received + rows skipped = rows in shards +
-    rows skipped; every planned shard written with its planned bins."""
+def reconcile(placement: Placement | None, results: list[dict]) -> None:
+    """Items placed = rows the shard tasks received = rows in the shards; every planned shard
+    written with its planned bins."""
+    planned_items = placement.items if placement is not None else 0
     received = sum(r["rows_in"] for r in results)
     in_shards = sum(r["written"]["samples"] for r in results)
     problems = []
-    if received + oversize_rows != rows_in or in_shards != received:
+    if not planned_items == received == in_shards:
         problems.append(
-            f"the table has {rows_in} rows; the shard tasks received {received}, wrote {in_shards}, "
-            f"and {oversize_rows} are over budget"
+            f"{planned_items} rows (copies included) were placed; the shard tasks received {received} "
+            f"and wrote {in_shards}"
         )
     planned = placement.shard_bins if placement is not None else []
     if [r["written"]["rows"] for r in results] != planned or [r["shard"] for r in results] != list(
@@ -416,12 +472,22 @@ def reconcile(rows_in: int, oversize_rows: int, placement: Placement | None, res
         raise PackError("pack reconciliation failed: " + "; ".join(problems))
 
 
+def check_rows(rows_in: int, mixture: Mapping[str, Mapping[str, int]]) -> None:
+    """Every row of the table is trained, evaluated, left out by the mix or over budget: once."""
+    parts = ("train_rows", "eval_rows", "dropped_rows", "over_budget_rows")
+    accounted = sum(d[part] for d in mixture.values() for part in parts)
+    if accounted != rows_in:
+        raise PackError(
+            f"pack reconciliation failed: the table has {rows_in} rows; trained, evaluated, left out "
+            f"by the mix and over budget add up to {accounted}"
+        )
+
+
 def build_manifest(
     config: Config,
     settings: PackSettings,
     run_id: str,
-    tokenized_uri: str,
-    version: int,
+    source: dict[str, Any],
     results: list[dict],
     skipped: int,
 ) -> dict[str, Any]:
@@ -433,7 +499,7 @@ def build_manifest(
         "format_version": schemas.SHARD_FORMAT_VERSION,
         "tool": {"name": "mmpack", "version": mmpack_udfs.__version__},
         "run_id": run_id,
-        "source": {"table": tokenized_uri, "version": version},
+        "source": source,
         "profile": config.tokenize.profile,
         "model": model_dir.recorded(config),
         "budget": settings.budget,

@@ -120,6 +120,8 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
         "bytes_per_token": round(manifest["totals"]["bytes"] / max(manifest["totals"]["tokens"], 1), 3),
         "media": _media_kind(manifest),
         **statistics(manifest, figures),
+        "mix": manifest.get("mix", {}),
+        "eval": manifest.get("eval"),
     }
     storage.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode())
     stages = _stage_reports(output, storage)
@@ -215,4 +217,20 @@ def format_report(s: Mapping[str, Any]) -> str:
         f"  attention cost (sum of l² per bin): max/mean {cost['max_over_mean']}, cv {cost['cv']}",
         f"  manifest: {s['manifest']}",
     ]
+    if s.get("eval"):
+        e = s["eval"]
+        lines.append(
+            f"  evaluation split: {e['samples']:,} samples in {e['bins']:,} bins ({e['tokens']:,} tokens)"
+        )
+    mixed = {
+        name: d
+        for name, d in s.get("mix", {}).items()
+        if d["train_copies"] != d["rows"] - d["over_budget_rows"]
+    }
+    for name, d in mixed.items():
+        lines.append(
+            f"  mix {name}: {d['samples']:,} samples → train {d['train_samples']:,} "
+            f"({d['train_copies']:,} rows with copies, {d['train_tokens']:,} tokens), "
+            f"eval {d['eval_samples']:,}, left out {d['dropped_rows']:,} rows"
+        )
     return "\n".join(lines)

@@ -31,9 +31,9 @@ from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
-from mmpack_udfs.pack import costs
+from mmpack_udfs.pack import costs, mix
 from mmpack_udfs.pack.shards import list_lengths, owner_of_elements
-from mmpack_udfs.pack.stage import SKIPPED_NAME
+from mmpack_udfs.pack.stage import SKIPPED_NAME, read_counts
 
 REPORT_NAME = "validate.json"
 EXAMPLES = 5  # bins or ids quoted per problem
@@ -47,36 +47,27 @@ class ValidationError(MmpackError, RuntimeError):
 
 
 def run(spark, ctx: RunContext) -> dict[str, Any]:
-    """Validate ``OUT/packed``; write and print the summary. Raises ValidationError."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
+    """Validate ``OUT/packed`` (and ``OUT/packed-eval`` when the run has an evaluation split);
+    write and print the summary. Raises ValidationError."""
     started = time.time()
     storage, output = ctx.storage, ctx.output
+    manifest = _load(schemas.manifest_uri(output), storage)
+    problems, packed_ids = check_pack(spark, schemas.packed_uri(output), manifest, storage)
+    eval_ids, eval_manifest = None, None
+    if manifest.get("eval"):
+        eval_root = schemas.packed_eval_uri(output)
+        eval_manifest = _load(fs.join(eval_root, schemas.MANIFEST_NAME), storage)
+        eval_problems, eval_ids = check_pack(spark, eval_root, eval_manifest, storage)
+        problems += [f"eval: {p}" for p in eval_problems + eval_manifest_problems(manifest, eval_manifest)]
     try:
-        manifest = schemas.load_manifest(schemas.manifest_uri(output), storage)
-    except schemas.ManifestError as err:
-        raise ValidationError(str(err)) from err
-    problems = manifest_problems(manifest)
-    packed_root = schemas.packed_uri(output)
-
-    index, index_problems = read_cost_index(packed_root, manifest, storage)
-    problems += index_problems
-    entries = pa.array([json.dumps(e) for e in shard_entries(manifest, index)], pa.string())
-    listing = one_task_per_row(spark, pa.table({"entry": entries}))
-    profile = manifest["config"]["profiles"][manifest["profile"]]
-    task = partial(
-        check_shards, packed_root=packed_root, budget=manifest["budget"], storage=storage, profile=profile
-    )
-    checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
-    try:
-        problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
-        packed_ids = checked.where("sample_id IS NOT NULL").select("sample_id")
         skipped, skipped_problems = read_skipped(output, manifest, storage)
         problems += skipped_problems
-        source = source_problems(spark, manifest, packed_ids, skipped, storage)
+        source = source_problems(spark, manifest, packed_ids, eval_ids, skipped, storage)
         problems += source.pop("problems")
     finally:
-        checked.unpersist()
+        for ids in (packed_ids, eval_ids):
+            if ids is not None:
+                ids.unpersist()
 
     summary = {
         "manifest": schemas.manifest_uri(output),
@@ -84,8 +75,11 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         "shards": len(manifest["shards"]),
         "bins": manifest["totals"]["bins"],
         "samples": manifest["totals"]["samples"],
+        "eval_samples": eval_manifest["totals"]["samples"] if eval_manifest else 0,
         "skipped": len(skipped),
-        "bytes_hashed": sum(s["bytes"] for s in manifest["shards"]),
+        "bytes_hashed": sum(
+            s["bytes"] for m in (manifest, eval_manifest or {"shards": []}) for s in m["shards"]
+        ),
         "source": source,
         "ok": not problems,
         "problem_count": len(problems),
@@ -101,6 +95,46 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
             f"{schemas.report_uri(output, REPORT_NAME)}):\n  {shown}"
         )
     return summary
+
+
+def _load(uri: str, storage: fs.Storage) -> dict[str, Any]:
+    try:
+        return schemas.load_manifest(uri, storage)
+    except schemas.ManifestError as err:
+        raise ValidationError(str(err)) from err
+
+
+def check_pack(spark, packed_root: str, manifest: Mapping[str, Any], storage: fs.Storage):
+    """Problems of one published pack (its manifest, cost index and every shard, one task per
+    shard), and a persisted DataFrame of the sample ids in its shards (one row per copy)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    problems = manifest_problems(manifest)
+    index, index_problems = read_cost_index(packed_root, manifest, storage)
+    problems += index_problems
+    entries = pa.array([json.dumps(e) for e in shard_entries(manifest, index)], pa.string())
+    listing = one_task_per_row(spark, pa.table({"entry": entries}))
+    profile = manifest["config"]["profiles"][manifest["profile"]]
+    task = partial(
+        check_shards, packed_root=packed_root, budget=manifest["budget"], storage=storage, profile=profile
+    )
+    checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
+    problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
+    return problems, checked.where("sample_id IS NOT NULL").select("sample_id")
+
+
+def eval_manifest_problems(manifest: Mapping[str, Any], eval_manifest: Mapping[str, Any]) -> list[str]:
+    """The evaluation pack is the one the training manifest names."""
+    named = manifest["eval"]
+    found = {
+        "run_id": eval_manifest.get("run_id"),
+        **{k: eval_manifest["totals"][k] for k in ("bins", "samples", "tokens")},
+    }
+    return [
+        f"manifest: the training manifest names {key} {named.get(key)}, the evaluation manifest has {value}"
+        for key, value in found.items()
+        if named.get(key) != value
+    ]
 
 
 def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
@@ -196,7 +230,7 @@ def check_shard(
             f"{entry['bytes']} bytes, sha256 {entry['sha256']}"
         ], no_ids
     parquet = pq.ParquetFile(pa.BufferReader(data))
-    if not parquet.schema_arrow.equals(schemas.SHARD):
+    if not schemas.is_shard_schema(parquet.schema_arrow):
         version = schemas.SHARD_FORMAT_VERSION
         return [f"{name}: its schema is not the shard schema of format version {version}"], no_ids
     bins = parquet.read()
@@ -243,10 +277,27 @@ def bin_problems(bins: pa.Table, budget: int) -> list[str]:
         f"num_tokens over the budget ({budget})": tokens > budget,
     }
     if not any(mask.any() for mask in bad.values()):  # the flat checks need consistent lengths
+        if "sample_datasets" in bins.column_names:
+            bad["sample_datasets: length != num_samples"] = list_lengths(bins["sample_datasets"]) != samples
+        bad["a sample twice in one bin (copies go to different bins)"] = _repeated_samples(bins)
         bad.update(_sequence_problems(bins, tokens))
         bad.update(_label_problems(bins))
         bad.update(_media_problems(bins, tokens))
     return [_describe(message, mask) for message, mask in bad.items() if mask.any()]
+
+
+def _repeated_samples(bins: pa.Table) -> np.ndarray:
+    """Bins holding one sample id more than once."""
+    flat = pa.table(
+        {
+            "bin": owner_of_elements(list_lengths(bins["sample_ids"])),
+            "sample_id": pc.list_flatten(bins["sample_ids"]),
+        }
+    )
+    pairs = flat.group_by(["bin", "sample_id"]).aggregate([([], "count_all")])
+    repeated = np.zeros(bins.num_rows, bool)
+    repeated[pairs["bin"].to_numpy()[pairs["count_all"].to_numpy() > 1]] = True
+    return repeated
 
 
 def _sequence_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]:
@@ -370,34 +421,67 @@ def read_skipped(
     return skipped, []
 
 
-def source_problems(spark, manifest: Mapping[str, Any], packed_ids, skipped: list[str], storage) -> dict:
-    """Every sample of the source table version in exactly one bin or skipped, nothing else.
+def source_problems(
+    spark, manifest: Mapping[str, Any], packed_ids, eval_ids, skipped: list[str], storage
+) -> dict:
+    """Every row of the source table version is where the mix puts it: in as many training bins
+    as its copies, in one evaluation bin when held out, or skipped; nothing else is anywhere.
 
-    Returns what was checked and a ``problems`` list. When the source version cannot be
-    read any more (vacuumed, moved), the check is reported as not done, not as a failure.
+    The mix (``pack.mix.choose``) is computed again from the source rows and the manifest's
+    config. Returns what was checked and a ``problems`` list. When the source version cannot
+    be read any more (vacuumed, moved), the check is reported as not done, not as a failure.
     """
     source = dict(manifest["source"])
     try:
         snap = tables.snapshot(source["table"], storage, version=source["version"])
     except Exception as err:  # delta-rs raises several types for a missing table or version
         return {**source, "checked": False, "note": f"source not readable: {err}", "problems": []}
-    expected = tables.read_table(spark, source["table"], storage, snap=snap).select("sample_id")
-    skipped_df = spark.createDataFrame([(s,) for s in skipped], "sample_id string")
-    delivered = packed_ids.unionByName(skipped_df)
-    duplicated = delivered.groupBy("sample_id").count().where("count > 1").select("sample_id")
-    missing = expected.join(delivered, "sample_id", "left_anti")
-    unknown = delivered.join(expected, "sample_id", "left_anti").distinct()
+    counts = read_counts(source["table"], snap, storage)
+    ids = counts.column("sample_id")
+    over = np.flatnonzero(pc.is_in(ids, pa.array(skipped, pa.string())).to_numpy(zero_copy_only=False))
+    chosen = mix.choose(counts, mix.MixSettings.from_manifest_config(manifest["config"]), excluded=over)
+    expected = pa.table(
+        {
+            "sample_id": ids,
+            "train": chosen.copies,
+            "eval": chosen.eval.astype(np.int64),
+            "skipped": np.isin(np.arange(counts.num_rows), over).astype(np.int64),
+        }
+    )
+    delivered = _tally(spark, {"train": packed_ids, "eval": eval_ids}, skipped)
+    found = spark.createDataFrame(expected.to_pandas()).join(delivered, "sample_id", "full_outer")
     problems = []
-    for what, frame in (
-        ("in more than one bin (or both packed and skipped)", duplicated),
-        ("of the source table in no bin and not skipped", missing),
-        ("in the shards but not in the source table version", unknown),
+    for what, condition in (
+        ("of the source table in fewer training bins than its copies", "coalesce(got_train, 0) < train"),
+        ("in more training bins than its copies (or in more than one bin)", "coalesce(got_train, 0) > train"),
+        ("in the evaluation shards other than the split says", "coalesce(got_eval, 0) != eval"),
+        ("skipped other than as over budget", "coalesce(got_skipped, 0) != skipped"),
+        ("in the shards but not in the source table version", "train IS NULL"),
     ):
+        frame = found.where(condition)
         count = frame.count()
         if count:
-            ids = sorted(r.sample_id for r in frame.limit(EXAMPLES).collect())
-            problems.append(f"{count} sample(s) {what}, e.g. {', '.join(ids)}")
-    return {**source, "checked": True, "rows": expected.count(), "problems": problems}
+            shown = sorted(r.sample_id for r in frame.select("sample_id").limit(EXAMPLES).collect())
+            problems.append(f"{count} sample(s) {what}, e.g. {', '.join(shown)}")
+    return {**source, "checked": True, "rows": counts.num_rows, "problems": problems}
+
+
+def _tally(spark, packed: Mapping[str, Any], skipped: list[str]):
+    """sample_id → how often it is in each pack (``got_<name>``) and in the skipped list."""
+    from pyspark.sql import functions as F
+
+    frames = [
+        spark.createDataFrame([(s,) for s in skipped], "sample_id string").withColumn(
+            "side", F.lit("skipped")
+        )
+    ]
+    frames += [ids.withColumn("side", F.lit(name)) for name, ids in packed.items() if ids is not None]
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    sides = ["train", "eval", "skipped"]
+    counted = union.groupBy("sample_id").pivot("side", sides).count()
+    return counted.select("sample_id", *[F.col(side).alias(f"got_{side}") for side in sides])
 
 
 def format_summary(s: Mapping[str, Any]) -> str:
@@ -409,12 +493,16 @@ def format_summary(s: Mapping[str, Any]) -> str:
     )
     lines = [
         f"validate  run {s['run_id']}  ({s['seconds']} s)",
-        f"  {s['shards']} shard(s), {s['bins']} bins, {s['samples']} samples, {s['skipped']} skipped; "
+        f"  {s['shards']} shard(s), {s['bins']} bins, {s['samples']} samples, {s['eval_samples']} evaluation "
+        f"samples, {s['skipped']} skipped; "
         f"{s['bytes_hashed']:,} bytes hashed",
         f"  samples {checked}",
     ]
     if s["ok"]:
-        lines.append("  ok: every shard matches the manifest; every sample is in exactly one bin or skipped")
+        lines.append(
+            "  ok: every shard matches the manifest; every sample is where the mix puts it (its copies in "
+            "training bins, one evaluation bin, or skipped)"
+        )
     else:
         lines.append(f"  {s['problem_count']} problem(s):")
         lines += [f"    {p}" for p in s["problems"][:20]]

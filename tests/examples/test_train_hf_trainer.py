@@ -138,5 +138,5 @@ def test_fsdp2_with_a_media_less_micro_batch_on_one_rank(packed_text_and_images,
     assert mixed, "no step where one rank had media and the other none"
     check_epoch(records, 0, expected_supervised(packed_text_and_images))
     assert "finished 1 epoch(s)" in stdout
-    counts = Counter(s for rank in records for r in rank for s in r["samples"])
+    counts = Counter(s for rank in records for r in rank for s, _ in r["samples"])
     assert max(counts.values()) == 1

@@ -56,7 +56,11 @@ def test_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run):
     expected = expected_supervised(packed)
     for epoch in (0, 1):
         check_epoch(records, epoch, expected)
-    orders = [[tuple(r["samples"]) for r in rank if r["epoch"] == e] for rank in records for e in (0, 1)]
+    orders = [
+        [tuple(s for s, _ in r["samples"]) for r in rank if r["epoch"] == e]
+        for rank in records
+        for e in (0, 1)
+    ]
     assert orders[0] != orders[1], "epochs are shuffled differently"
     assert "finished 2 epoch(s)" in stdout
 
@@ -83,7 +87,7 @@ def test_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
     for rank in range(2):  # the very same micro-batches, in the same order, as without the stop
         same = [r["samples"] for r in uninterrupted[rank] if r["epoch"] == 0]
         assert [r["samples"] for r in joined[rank]] == same
-    counts = Counter(s for rank in after for r in rank for s in r["samples"])
+    counts = Counter(s for rank in after for r in rank for s, _ in r["samples"])
     assert counts and max(counts.values()) == 1
 
 

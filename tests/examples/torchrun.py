@@ -73,10 +73,10 @@ def check_epoch(records: list[list[dict]], epoch: int, expected: dict[str, int])
     trained: dict[str, list[int]] = defaultdict(list)
     for rank in per_rank:
         for record in rank:
-            for sample, tokens in record["samples"].items():
+            for sample, tokens in record["samples"]:
                 trained[sample].append(tokens)
     assert {s: t for s, t in trained.items() if len(t) > 1} == {}, "samples trained twice"
     assert {s: t[0] for s, t in trained.items()} == expected
-    bins = len({tuple(r["samples"]) for rank in per_rank for r in rank if r["samples"]})
+    bins = len({tuple(s for s, _ in r["samples"]) for rank in per_rank for r in rank if r["samples"]})
     fillers = sum(r["fillers"] for rank in per_rank for r in rank)
     assert fillers == -(-bins // len(records)) * len(records) - bins  # one per short rank, none else

@@ -4,6 +4,7 @@ step (``loader.training``), on a tiny random Qwen2-VL."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import pickle
 from pathlib import Path
 
@@ -116,3 +117,35 @@ def test_idle_media_change_no_real_logit_and_give_the_vision_tower_a_gradient(at
     assert all(p.grad is not None and not p.grad.any() for p in vision)  # it ran, and trained nothing
     model.zero_grad(set_to_none=True)
     torch.testing.assert_close(loss, summed_loss(model, plain), rtol=1e-6, atol=0)
+
+
+def test_the_loss_per_dataset_is_the_per_sample_losses_grouped_by_hand(packed_demo):
+    from loader.dataset import _as_filler
+    from loader.training import dataset_losses, token_losses
+
+    dataset = PackedDataset(str(packed_demo / "packed"), seed=0, shuffle=False)
+    items = list(itertools.islice(iter(dataset), 4))
+    batch = collate_packed([*items[:3], _as_filler(items[3])])
+    assert len(set(batch.meta["sample_datasets"])) > 1  # the test needs samples of several datasets
+    model = tiny_qwen2_vl()
+    with torch.no_grad():
+        losses, positions = token_losses(model, batch)
+        per_dataset = dataset_losses(losses, positions, batch, dataset.datasets)
+        inputs = dict(batch)
+        labels = inputs.pop("labels")[0]
+        logits = model(**inputs).logits[0].float()
+    # by hand: every real sample's tokens, from its own span of the full logits
+    expected = {name: [0.0, 0] for name in dataset.datasets}
+    starts = [0]
+    for item in items[:3]:
+        for length in item["cu_seqlens"].diff().tolist():
+            starts.append(starts[-1] + length)
+    for name, start, end in zip(batch.meta["sample_datasets"], starts[:-1], starts[1:], strict=True):
+        for t in range(start + 1, end):
+            if labels[t] != -100:
+                expected[name][0] += torch.nn.functional.cross_entropy(logits[t - 1], labels[t]).item()
+                expected[name][1] += 1
+    for i, name in enumerate(dataset.datasets):
+        assert per_dataset[1, i].item() == expected[name][1]
+        assert per_dataset[0, i].item() == pytest.approx(expected[name][0], rel=1e-5)
+    assert per_dataset[1].sum().item() == batch.meta["supervised_tokens"]  # the filler counts nothing

@@ -1,0 +1,214 @@
+"""Data mixtures and the evaluation split: which tokenized rows train, how often, and which
+are held out for evaluation. Pure and Spark-free: the pack stage and validate both call
+``choose`` on the same rows and get the same answer.
+
+Per dataset, on conversations (a conversation split into several rows by
+``tokenize.over_length=split`` moves as one; exact duplicates were merged into one
+conversation by normalize), in this order:
+
+1. **eval**: the ``eval_samples`` conversations with the smallest eval hash, or (without
+   ``eval_samples``) every conversation whose eval hash falls below ``eval.fraction``: a
+   conversation's side never changes when data is added.
+2. **max_samples**: of the rest, the ``max_samples`` with the smallest pick hash.
+3. **weight** ``w``: every kept conversation ``floor(w)`` times, plus one more copy for the
+   ``round(frac(w) · n)`` with the smallest pick hash (``round`` halves up).
+
+Both hashes are splitmix64 of (seed, salt, the conversation id's first 64 bits): the ids are
+SHA-256 hex digests (normalize), so this is vectorized and independent of the order rows
+arrive in. Choosing "the k smallest" makes choices nested: a larger k (more data, a higher
+weight) keeps every conversation a smaller one chose that is still among the k smallest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mmpack_udfs.errors import MmpackError
+
+EVAL_SALT, PICK_SALT = 0x6576616C, 0x7069636B  # "eval", "pick"
+MIX_COLUMNS = ["parent_id", "dataset", "num_tokens"]
+
+
+class MixError(MmpackError, ValueError):
+    """Rows whose conversation ids are not mmpack's (SHA-256 hex), so no stable choice exists."""
+
+
+@dataclass(frozen=True)
+class DatasetMix:
+    """One configured dataset's share of the mix."""
+
+    name: str
+    weight: float = 1.0
+    max_samples: int | None = None
+    eval_samples: int | None = None
+
+
+@dataclass(frozen=True)
+class MixSettings:
+    datasets: tuple[DatasetMix, ...]
+    eval_fraction: float
+    eval_seed: int
+    seed: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> MixSettings:
+        return cls(
+            datasets=tuple(
+                DatasetMix(d.name, d.weight, d.max_samples, d.eval_samples) for d in config.datasets
+            ),
+            eval_fraction=config.eval.fraction,
+            eval_seed=config.eval.seed,
+            seed=config.pack.seed,
+        )
+
+    @classmethod
+    def from_manifest_config(cls, config: Mapping[str, Any]) -> MixSettings:
+        """From the plain config a manifest records (``Config.as_dict``)."""
+        return cls(
+            datasets=tuple(
+                DatasetMix(d["name"], d.get("weight", 1.0), d.get("max_samples"), d.get("eval_samples"))
+                for d in config["datasets"]
+            ),
+            eval_fraction=config.get("eval", {}).get("fraction", 0.0),
+            eval_seed=config.get("eval", {}).get("seed", 0),
+            seed=config["pack"]["seed"],
+        )
+
+    def of(self, dataset: str) -> DatasetMix:
+        """The settings of a row's dataset: its entry by name, or by the ``<name>/`` prefix a
+        LLaMA-Factory ``dataset_info`` entry gets; a dataset not in the config trains once."""
+        by_name = {d.name: d for d in self.datasets}
+        return by_name.get(dataset) or by_name.get(dataset.split("/", 1)[0]) or DatasetMix(dataset)
+
+    def facts(self) -> dict[str, Any]:
+        """What a run id depends on."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Per row of the counts table: training copies (0: not trained) and whether it evaluates."""
+
+    copies: np.ndarray  # int64
+    eval: np.ndarray  # bool
+
+    def dropped(self) -> np.ndarray:
+        """Rows neither trained nor evaluated (a weight below 1 or ``max_samples``)."""
+        return (self.copies == 0) & ~self.eval
+
+
+def choose(rows: pa.Table, settings: MixSettings, excluded: np.ndarray | None = None) -> Mix:
+    """The mix of ``rows`` (``parent_id`` and ``dataset`` columns). ``excluded`` rows (over the
+    pack budget) take part in no choice: their conversations are neither trained nor held out."""
+    n = rows.num_rows
+    copies, held_out = np.zeros(n, np.int64), np.zeros(n, bool)
+    keep = np.ones(n, bool) if excluded is None else ~np.isin(np.arange(n), excluded)
+    datasets = rows.column("dataset").to_numpy(zero_copy_only=False)
+    parents = rows.column("parent_id")
+    for name in sorted(set(datasets[keep].tolist())):
+        mine = np.flatnonzero((datasets == name) & keep)
+        conversations, row_of = np.unique(parents.take(pa.array(mine)).to_numpy(zero_copy_only=False),
+                                           return_inverse=True)  # fmt: skip
+        per_conversation = _choose_one(conversations, settings.of(name), settings)
+        copies[mine] = per_conversation.copies[row_of]
+        held_out[mine] = per_conversation.eval[row_of]
+    return Mix(copies, held_out)
+
+
+def _choose_one(conversations: np.ndarray, mix: DatasetMix, settings: MixSettings) -> Mix:
+    """One dataset's conversations (sorted, unique) → copies and eval per conversation."""
+    n = len(conversations)
+    eval_hash = conversation_hash(conversations, settings.eval_seed, EVAL_SALT)
+    if mix.eval_samples is not None:
+        held_out = _smallest(eval_hash, min(mix.eval_samples, n))
+    else:
+        held_out = (eval_hash >> np.uint64(11)).astype(np.float64) * 2.0**-53 < settings.eval_fraction
+    pick_hash = conversation_hash(conversations, settings.seed, PICK_SALT)
+    pool = np.flatnonzero(~held_out)
+    if mix.max_samples is not None:
+        pool = pool[_smallest(pick_hash[pool], min(mix.max_samples, len(pool)))]
+    copies = np.zeros(n, np.int64)
+    whole, part = divmod(mix.weight, 1.0)
+    copies[pool] = int(whole)
+    copies[pool[_smallest(pick_hash[pool], math.floor(part * len(pool) + 0.5))]] += 1
+    return Mix(copies, held_out)
+
+
+def _smallest(hashes: np.ndarray, k: int) -> np.ndarray:
+    """A mask of the ``k`` smallest hashes (ties, vanishingly rare, by position: ids are sorted)."""
+    chosen = np.zeros(len(hashes), bool)
+    chosen[np.argsort(hashes, kind="stable")[:k]] = True
+    return chosen
+
+
+def conversation_hash(ids: np.ndarray, seed: int, salt: int) -> np.ndarray:
+    """uint64 per id: splitmix64 of its first 16 hex digits mixed with (seed, salt)."""
+    if not len(ids):
+        return np.zeros(0, np.uint64)
+    prefix = pc.utf8_slice_codeunits(pa.array(ids, pa.string()), 0, 16)
+    digits = np.frombuffer(prefix.buffers()[2], np.uint8)[: 16 * len(ids)]
+    nibbles = _HEX[digits]
+    if (
+        len(digits) != 16 * len(ids)
+        or (pc.utf8_length(prefix).to_numpy() != 16).any()
+        or (nibbles > 15).any()
+    ):
+        raise MixError(
+            "a weight, max_samples or evaluation split needs mmpack's sample ids (SHA-256 hex, from "
+            "normalize); these rows have others"
+        )
+    value = np.zeros(len(ids), np.uint64)
+    for column in range(16):
+        value = (value << np.uint64(4)) | nibbles[column::16].astype(np.uint64)
+    with np.errstate(over="ignore"):
+        mixed_seed = _splitmix64(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(salt))
+    return _splitmix64(value ^ mixed_seed)
+
+
+def _splitmix64(x: np.ndarray | np.uint64) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = np.asarray(x, np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+_HEX = np.full(256, 255, np.uint8)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+
+
+def summary(rows: pa.Table, mix: Mix, skipped: np.ndarray) -> dict[str, dict[str, int]]:
+    """Per dataset: samples (conversations) and tokens before the mix, and what each side got."""
+    datasets = rows.column("dataset").to_numpy(zero_copy_only=False)
+    parents = rows.column("parent_id").to_numpy(zero_copy_only=False)
+    tokens = rows.column("num_tokens").to_numpy().astype(np.int64)
+    over = np.zeros(rows.num_rows, bool)
+    over[skipped] = True
+    out = {}
+    for name in sorted(set(datasets.tolist())):
+        mine = datasets == name
+        trained = mine & (mix.copies > 0)
+        out[name] = {
+            "samples": len(np.unique(parents[mine])),
+            "rows": int(mine.sum()),
+            "tokens": int(tokens[mine].sum()),
+            "train_samples": len(np.unique(parents[trained])),
+            "train_rows": int(trained.sum()),
+            "train_copies": int(mix.copies[mine].sum()),
+            "train_tokens": int((tokens * mix.copies)[mine].sum()),
+            "eval_samples": len(np.unique(parents[mine & mix.eval])),
+            "eval_rows": int((mine & mix.eval).sum()),
+            "eval_tokens": int(tokens[mine & mix.eval].sum()),
+            "dropped_rows": int((mine & mix.dropped() & ~over).sum()),
+            "over_budget_rows": int((mine & over).sum()),
+        }
+    return out
