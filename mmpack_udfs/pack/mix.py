@@ -123,19 +123,27 @@ def choose(rows: pa.Table, settings: MixSettings, excluded: np.ndarray | None = 
 
 
 def _choose_one(conversations: np.ndarray, mix: DatasetMix, settings: MixSettings) -> Mix:
-    """One dataset's conversations (sorted, unique) → copies and eval per conversation."""
+    """One dataset's conversations (sorted, unique) → copies and eval per conversation. Hashes
+    are computed only where a choice is made (a plain dataset takes any ids)."""
     n = len(conversations)
-    eval_hash = conversation_hash(conversations, settings.eval_seed, EVAL_SALT)
+    held_out = np.zeros(n, bool)
     if mix.eval_samples is not None:
-        held_out = _smallest(eval_hash, min(mix.eval_samples, n))
-    else:
+        if mix.eval_samples:
+            held_out = _smallest(
+                conversation_hash(conversations, settings.eval_seed, EVAL_SALT), min(mix.eval_samples, n)
+            )
+    elif settings.eval_fraction > 0:
+        eval_hash = conversation_hash(conversations, settings.eval_seed, EVAL_SALT)
         held_out = (eval_hash >> np.uint64(11)).astype(np.float64) * 2.0**-53 < settings.eval_fraction
-    pick_hash = conversation_hash(conversations, settings.seed, PICK_SALT)
     pool = np.flatnonzero(~held_out)
+    whole, part = divmod(mix.weight, 1.0)
+    copies = np.zeros(n, np.int64)
+    if mix.max_samples is None and not part:
+        copies[pool] = int(whole)
+        return Mix(copies, held_out)
+    pick_hash = conversation_hash(conversations, settings.seed, PICK_SALT)
     if mix.max_samples is not None:
         pool = pool[_smallest(pick_hash[pool], min(mix.max_samples, len(pool)))]
-    copies = np.zeros(n, np.int64)
-    whole, part = divmod(mix.weight, 1.0)
     copies[pool] = int(whole)
     copies[pool[_smallest(pick_hash[pool], math.floor(part * len(pool) + 0.5))]] += 1
     return Mix(copies, held_out)

@@ -47,12 +47,14 @@ class Gradients(TrainerCallback):
 def manual_step(manual, manifest: str) -> tuple[float, dict[str, torch.Tensor | None]]:
     model = manual.load_model("tiny", 0, "sdpa", torch.device("cpu"))
     wrapped = manual.wrap(model, fsdp=False)
-    loader = StatefulDataLoader(PackedDataset(manifest, seed=0), batch_size=1, collate_fn=collate_packed)
+    dataset = PackedDataset(manifest, seed=0)
+    loader = StatefulDataLoader(dataset, batch_size=1, collate_fn=collate_packed)
     group = next(manual.micro_batch_groups(iter(loader), GRAD_ACCUM))
-    loss, supervised = manual.accumulate_step(wrapped, group, torch.device("cpu"), None)
-    summed = torch.tensor(loss, dtype=torch.float64)
-    dist.all_reduce(summed)
-    return summed.item() / supervised, {n: p.grad for n, p in model.named_parameters()}
+    per_dataset, supervised = manual.accumulate_step(
+        wrapped, group, torch.device("cpu"), None, dataset.datasets
+    )
+    dist.all_reduce(per_dataset)
+    return per_dataset[0].sum().item() / supervised, {n: p.grad for n, p in model.named_parameters()}
 
 
 def trainer_step(manual, manifest: str, out: str) -> tuple[float, dict[str, torch.Tensor | None]]:

@@ -8,6 +8,7 @@ exactly once per epoch, and a resume from a mid-epoch checkpoint trains exactly 
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -63,6 +64,32 @@ def test_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run):
     ]
     assert orders[0] != orders[1], "epochs are shuffled differently"
     assert "finished 2 epoch(s)" in stdout
+
+
+def test_the_loss_per_dataset_covers_every_supervised_token_of_each_step(packed, full_run):
+    trace, stdout = full_run
+    records = [r for rank in read_trace(trace, 2) for r in rank]
+    datasets = json.loads((packed / "manifest.json").read_text())["datasets"]
+    for epoch, step in {(r["epoch"], r["step"]) for r in records}:
+        mine = [r for r in records if (r["epoch"], r["step"]) == (epoch, step)]
+        logged = mine[0]["datasets"]  # all-reduced: the same on every rank and micro-batch
+        assert all(r["datasets"] == logged for r in mine) and set(logged) <= set(datasets)
+        for name in datasets:  # its tokens are those of its samples in the step, on every rank
+            trained = sum(t for r in mine for s, t in r["samples"] if expected_dataset(packed)[s] == name)
+            assert logged.get(name, [0, 0])[1] == trained
+    assert any(f"({name} " in stdout or f", {name} " in stdout for name in datasets)  # printed per dataset
+
+
+@functools.cache
+def expected_dataset(packed: Path) -> dict[str, str]:
+    """Each sample id's dataset, from the shards."""
+    found = {}
+    for shard in json.loads((packed / "manifest.json").read_text())["shards"]:
+        table = pq.read_table(packed / shard["path"], columns=["sample_ids", "sample_datasets"])
+        names = zip(table["sample_ids"].to_pylist(), table["sample_datasets"].to_pylist(), strict=True)
+        for ids, datasets in names:
+            found.update(zip(ids, datasets, strict=True))
+    return found
 
 
 def test_three_ranks_equal_steps_exactly_once(packed, tmp_path):

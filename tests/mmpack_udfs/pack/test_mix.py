@@ -101,6 +101,7 @@ def test_ids_that_are_not_mmpack_sample_ids_are_refused():
     table = pa.table({"parent_id": ["not-a-hash-at-all!"], "dataset": ["a"], "num_tokens": [1]})
     with pytest.raises(mix.MixError, match="SHA-256"):
         mix.choose(table, settings(mix.DatasetMix("a", 0.5)))
+    assert mix.choose(table, settings(mix.DatasetMix("a", 2.0))).copies.tolist() == [2]  # no choice to make
 
 
 def test_copies_of_one_item_go_to_different_bins():
