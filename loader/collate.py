@@ -134,7 +134,7 @@ def collate_packed(
 
 
 def _datasets(item: dict[str, Any]) -> list[str | None]:
-    """Each sequence's dataset (None where unknown: items built by hand, older shards)."""
+    """Each sequence's dataset (None where unknown: fillers, items built by hand, older shards)."""
     return item.get("sample_datasets") or [None] * (len(item["cu_seqlens"]) - 1)
 
 

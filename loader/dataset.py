@@ -2,9 +2,10 @@
 
 Per bin it yields ``input_ids``, ``labels`` (first token of every sample masked),
 ``position_ids`` (restarting at 0 per sample), ``cu_seqlens`` (int32, [n + 1]),
-``max_seqlen``, ``sample_ids``, ``sample_datasets``, ``filler``; for the Qwen-VL families the exact 3-row
-``mrope_position_ids`` (the family's positions from the stored grids and offsets, with or
-without pixels) and, for linear-attention models (Qwen3.5), ``seq_idx``; with media, the
+``max_seqlen``, ``sample_ids``, ``sample_datasets`` (when the shards record them),
+``filler``; for the Qwen-VL families the exact 3-row ``mrope_position_ids`` (the family's
+positions from the stored grids and offsets, with or without pixels) and, for
+linear-attention models (Qwen3.5), ``seq_idx``; with media, the
 vision tensors (Qwen-VL: ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` +
 ``video_grid_thw`` (+ ``second_per_grid_ts``); internvl: ``pixel_values`` tiles +
 ``num_tiles``). The manifest's profile says the family (``mmpack_udfs.families``). A filler (see
@@ -27,6 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loader import balance, plan, vision
 from loader.source import ShardError, ShardSource, load_manifest
+from mmpack_udfs import schemas
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.families import Family, make_family
 from mmpack_udfs.io import fs
@@ -56,7 +58,6 @@ def distributed_rank() -> tuple[int, int]:
 
 
 PIXEL_DTYPES = ("float32", "bfloat16", "uint8")
-EVAL_FOLDER = "packed-eval"  # beside packed/: schemas.packed_eval_uri
 
 
 class PackedDataset(IterableDataset):
@@ -240,7 +241,7 @@ def load_split(manifest_uri: str, split: str, storage: fs.Storage) -> dict[str, 
             f"{manifest_uri}: this run has no evaluation split (set eval.fraction or datasets[].eval_samples "
             "and re-run pack)"
         )
-    eval_manifest = load_manifest(fs.join(manifest["_root"].rsplit("/", 1)[0], EVAL_FOLDER), storage)
+    eval_manifest = load_manifest(schemas.packed_eval_uri(manifest["_root"].rsplit("/", 1)[0]), storage)
     if eval_manifest.get("run_id") != named["run_id"]:
         raise ShardError(
             f"the evaluation pack beside {manifest_uri} is of run {eval_manifest.get('run_id')}, the "
@@ -255,7 +256,7 @@ def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
         **item,
         "labels": torch.full_like(item["labels"], IGNORE),
         "sample_ids": [],
-        "sample_datasets": [None] * len(item["sample_datasets"]),
+        "sample_datasets": [],
         "filler": True,
     }
 
@@ -353,13 +354,10 @@ class _RowGroup:
             "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
             "max_seqlen": int(lengths.max()),
             "sample_ids": self.sample_ids[row].as_py(),
-            "sample_datasets": (
-                self.sample_datasets[row].as_py()
-                if self.sample_datasets is not None
-                else [None] * (len(cu) - 1)
-            ),
             "filler": False,
         }
+        if self.sample_datasets is not None:  # shards written before the column have no datasets
+            item["sample_datasets"] = self.sample_datasets[row].as_py()
         media = self.media.row(row) if self.media is not None else []
         if self.family.linear_attention:  # which sample each token is (the causal conv's seq_idx)
             item["seq_idx"] = torch.from_numpy(np.repeat(np.arange(len(lengths), dtype=np.int32), lengths))

@@ -144,6 +144,16 @@ class _ResumedEpoch(IterableDataset):
         self.batches.set_epoch(epoch)
 
 
+def _rank_dataset(
+    manifest: str, args: Any, options: dict[str, Any] | None, split: str = "train"
+) -> PackedDataset:
+    """This rank's reader of ``split``, seeded with the trainer's seed unless ``options`` say."""
+    options = {"seed": args.seed, **(options or {})}
+    return PackedDataset(
+        manifest, rank=args.process_index, world_size=args.world_size, split=split, **options
+    )
+
+
 class PackedTrainerMixin:
     """The ``Trainer`` overrides (see the module docstring); ``PackedTrainer`` puts them on
     transformers' ``Trainer``. Pass ``manifest`` (and ``dataset_options`` for
@@ -172,10 +182,7 @@ class PackedTrainerMixin:
         if train_dataset is None:
             if manifest is None:
                 raise ValueError("PackedTrainer needs manifest= (OUT/packed) or train_dataset=PackedDataset")
-            options = {"seed": args.seed, **(dataset_options or {})}
-            train_dataset = PackedDataset(
-                manifest, rank=args.process_index, world_size=args.world_size, **options
-            )
+            train_dataset = _rank_dataset(manifest, args, dataset_options)
         if (train_dataset.rank, train_dataset.world_size) != (args.process_index, args.world_size):
             raise ValueError(
                 f"the dataset reads as rank {train_dataset.rank} of {train_dataset.world_size}, the trainer "
@@ -184,9 +191,8 @@ class PackedTrainerMixin:
         if eval_split:
             if manifest is None:
                 raise ValueError("eval_split=True reads the evaluation pack of manifest=: give it")
-            options = {"seed": args.seed, **(dataset_options or {}), "shuffle": False}
-            eval_dataset = PackedDataset(
-                manifest, rank=args.process_index, world_size=args.world_size, split="eval", **options
+            eval_dataset = _rank_dataset(
+                manifest, args, {**(dataset_options or {}), "shuffle": False}, "eval"
             )
         if eval_dataset is not None and not isinstance(eval_dataset, PackedDataset):
             raise ValueError(

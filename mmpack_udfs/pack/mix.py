@@ -33,7 +33,6 @@ import pyarrow.compute as pc
 from mmpack_udfs.errors import MmpackError
 
 EVAL_SALT, PICK_SALT = 0x6576616C, 0x7069636B  # "eval", "pick"
-MIX_COLUMNS = ["parent_id", "dataset", "num_tokens"]
 
 
 class MixError(MmpackError, ValueError):
@@ -59,18 +58,13 @@ class MixSettings:
 
     @classmethod
     def from_config(cls, config: Any) -> MixSettings:
-        return cls(
-            datasets=tuple(
-                DatasetMix(d.name, d.weight, d.max_samples, d.eval_samples) for d in config.datasets
-            ),
-            eval_fraction=config.eval.fraction,
-            eval_seed=config.eval.seed,
-            seed=config.pack.seed,
-        )
+        """From the checked config (``Config``)."""
+        return cls.from_manifest_config(config.as_dict())
 
     @classmethod
     def from_manifest_config(cls, config: Mapping[str, Any]) -> MixSettings:
-        """From the plain config a manifest records (``Config.as_dict``)."""
+        """From the plain config a manifest records (``Config.as_dict``: a dataset keeps only the
+        keys its entry gave)."""
         return cls(
             datasets=tuple(
                 DatasetMix(d["name"], d.get("weight", 1.0), d.get("max_samples"), d.get("eval_samples"))
@@ -109,7 +103,9 @@ def choose(rows: pa.Table, settings: MixSettings, excluded: np.ndarray | None = 
     pack budget) take part in no choice: their conversations are neither trained nor held out."""
     n = rows.num_rows
     copies, held_out = np.zeros(n, np.int64), np.zeros(n, bool)
-    keep = np.ones(n, bool) if excluded is None else ~np.isin(np.arange(n), excluded)
+    keep = np.ones(n, bool)
+    if excluded is not None:
+        keep[excluded] = False
     datasets = rows.column("dataset").to_numpy(zero_copy_only=False)
     parents = rows.column("parent_id")
     for name in sorted(set(datasets[keep].tolist())):

@@ -33,12 +33,13 @@ from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.pack import costs, mix
 from mmpack_udfs.pack.shards import list_lengths, owner_of_elements
-from mmpack_udfs.pack.stage import SKIPPED_NAME, read_counts
+from mmpack_udfs.pack.stage import SKIPPED_NAME
 
 REPORT_NAME = "validate.json"
 EXAMPLES = 5  # bins or ids quoted per problem
 MAX_PROBLEMS = 100  # problems kept in the report (the count is always exact)
 
+MIX_COLUMNS = ["sample_id", "parent_id", "dataset"]  # what the mix is computed from (pack.mix.choose)
 CHECKED = pa.schema([("shard", pa.string()), ("sample_id", pa.string()), ("problem", pa.string())])
 
 
@@ -436,16 +437,16 @@ def source_problems(
         snap = tables.snapshot(source["table"], storage, version=source["version"])
     except Exception as err:  # delta-rs raises several types for a missing table or version
         return {**source, "checked": False, "note": f"source not readable: {err}", "problems": []}
-    counts = read_counts(source["table"], snap, storage)
-    ids = counts.column("sample_id")
-    over = np.flatnonzero(pc.is_in(ids, pa.array(skipped, pa.string())).to_numpy(zero_copy_only=False))
-    chosen = mix.choose(counts, mix.MixSettings.from_manifest_config(manifest["config"]), excluded=over)
+    rows = tables.read_arrow(source["table"], storage, columns=MIX_COLUMNS, snap=snap)
+    ids = rows.column("sample_id")
+    over = pc.is_in(ids, pa.array(skipped, pa.string())).to_numpy(zero_copy_only=False)
+    chosen = mix.choose(rows, mix.MixSettings.from_manifest_config(manifest["config"]), np.flatnonzero(over))
     expected = pa.table(
         {
             "sample_id": ids,
             "train": chosen.copies,
             "eval": chosen.eval.astype(np.int64),
-            "skipped": np.isin(np.arange(counts.num_rows), over).astype(np.int64),
+            "skipped": over.astype(np.int64),
         }
     )
     delivered = _tally(spark, {"train": packed_ids, "eval": eval_ids}, skipped)
@@ -463,7 +464,7 @@ def source_problems(
         if count:
             shown = sorted(r.sample_id for r in frame.select("sample_id").limit(EXAMPLES).collect())
             problems.append(f"{count} sample(s) {what}, e.g. {', '.join(shown)}")
-    return {**source, "checked": True, "rows": counts.num_rows, "problems": problems}
+    return {**source, "checked": True, "rows": rows.num_rows, "problems": problems}
 
 
 def _tally(spark, packed: Mapping[str, Any], skipped: list[str]):
