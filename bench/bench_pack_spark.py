@@ -26,7 +26,7 @@ from common import OUT, bench_spark, machine
 
 from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
-from mmpack_udfs.io import tables
+from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.pack.ffd import first_fit_decreasing
@@ -47,10 +47,12 @@ def synthetic_table(out, rows: int, seed: int = 0) -> np.ndarray:
     for part, index in enumerate(np.array_split(np.arange(rows), FILES)):
         written.append(
             tables.write_part(
-                uri, f"part-{part:05d}.parquet", [_batch(index, lengths, rng)], schemas.TOKENIZED
+                uri, f"part-{part:05d}.parquet", [_batch(index, lengths, rng)], schemas.TOKENIZED, fs.LOCAL
             )
         )
-    tables.commit(uri, schemas.TOKENIZED, written, run_id="bench", mode="overwrite", rows=rows)
+    tables.commit(
+        uri, schemas.TOKENIZED, written, run_id="bench", mode="overwrite", rows=rows, storage=fs.LOCAL
+    )
     marker.touch()
     return lengths
 
@@ -75,6 +77,7 @@ def _batch(index: np.ndarray, lengths: np.ndarray, rng) -> pa.RecordBatch:
         "video_tokens": zeros,
         "supervised_tokens": pa.array((part - part // 2).astype(np.int32)),
         "media": pa.array([[]] * n, pa.list_(schemas.TOKENIZED_MEDIA)),
+        "pair_side": pa.nulls(n, pa.string()),
     }
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=schemas.TOKENIZED)
 

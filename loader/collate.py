@@ -26,7 +26,9 @@ VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video
 class PackedBatch(dict):
     """The keyword arguments of one forward pass (``model(**batch)``), and ``meta``: what the
     batch holds (``sample_ids``, ``sample_datasets`` and ``sample_supervised_tokens`` of the
-    real samples, ``sequence_datasets`` (each sequence's dataset, None for fillers and padding),
+    real samples, ``sample_sequences`` (each one's sequence among ``cu_seq_lens_q``'s),
+    ``pairs`` (each preference pair's (chosen, rejected) indices into ``sample_ids``),
+    ``sequence_datasets`` (each sequence's dataset, None for fillers and padding),
     ``num_tokens``, ``supervised_tokens``, ``num_bins``, ``fillers``, per bin
     ``bin_tokens`` and ``bin_sum_sq_lengths`` (its attention cost); ``num_tiles`` for
     internvl), kept out of the model's arguments.
@@ -105,8 +107,11 @@ def collate_packed(
             inputs[key] = torch.cat(parts)
     if "seq_idx" in items[0]:  # linear-attention layers: the sample of every token, across bins
         inputs["seq_idx"] = _seq_idx(items, pad_to - total if pad_to is not None else 0)
+    sequences, pairs = _samples_and_pairs(items)
     meta: dict[str, Any] = {
         "sample_ids": [s for b in items for s in b["sample_ids"]],
+        "sample_sequences": sequences,
+        "pairs": pairs,
         "sample_datasets": [d for b in items if not b.get("filler") for d in _datasets(b)],
         # the dataset of every sequence of cu_seq_lens (None: a filler's, the padding)
         "sequence_datasets": [d for b in items for d in _datasets(b)]
@@ -131,6 +136,31 @@ def collate_packed(
     if tiles:
         meta["num_tiles"] = torch.cat(tiles)
     return PackedBatch(inputs, meta)
+
+
+def _samples_and_pairs(items: Sequence[dict[str, Any]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Each real sample's sequence number (fillers are sequences without samples), and each
+    preference pair's (chosen, rejected) indices into the batch's samples: a ``chosen`` side
+    is immediately followed by its ``rejected`` side in its bin (ValueError otherwise)."""
+    sequences: list[int] = []
+    pairs: list[tuple[int, int]] = []
+    first_sequence = 0
+    for b in items:
+        base = len(sequences)
+        sides = b.get("sample_pair_sides") or []
+        sequences += range(first_sequence, first_sequence + len(b["sample_ids"]))
+        for i, side in enumerate(sides):
+            after = sides[i + 1] if i + 1 < len(sides) else None
+            before = sides[i - 1] if i else None
+            if (side == "chosen" and after != "rejected") or (side == "rejected" and before != "chosen"):
+                raise ValueError(
+                    f"bin with samples {b['sample_ids']}: a preference pair is not side by side "
+                    f"(sides {sides}); validate the shards (mmpack validate)"
+                )
+            if side == "chosen":
+                pairs.append((base + i, base + i + 1))
+        first_sequence += len(b["cu_seqlens"]) - 1
+    return sequences, pairs
 
 
 def _datasets(item: dict[str, Any]) -> list[str | None]:

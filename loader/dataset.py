@@ -2,7 +2,8 @@
 
 Per bin it yields ``input_ids``, ``labels`` (first token of every sample masked),
 ``position_ids`` (restarting at 0 per sample), ``cu_seqlens`` (int32, [n + 1]),
-``max_seqlen``, ``sample_ids``, ``sample_datasets`` (when the shards record them),
+``max_seqlen``, ``sample_ids``, ``sample_datasets`` and ``sample_pair_sides`` (when the
+shards record them; a preference pair's ``chosen`` / ``rejected`` side, None otherwise),
 ``filler``; for the Qwen-VL families the exact 3-row ``mrope_position_ids`` (the family's
 positions from the stored grids and offsets, with or without pixels) and, for
 linear-attention models (Qwen3.5), ``seq_idx``; with media, the
@@ -36,6 +37,7 @@ from mmpack_udfs.pack import costs
 
 MEDIA_ENCODINGS = ("file", "patches8")  # docs/FORMAT.md: what media[].data holds
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
+PER_SAMPLE_COLUMNS = schemas.ADDED_SHARD_COLUMNS  # sample_datasets, sample_pair_sides: read when present
 SPLITS = ("train", "eval")
 # what mRoPE reads of media (the fields of families' ``vision_blocks``)
 MROPE_FIELDS = [
@@ -114,6 +116,7 @@ class PackedDataset(IterableDataset):
         self.units = plan.units_of(self.manifest["shards"], self.manifest["bins_per_row_group"])
         self.profile = self.manifest["config"]["profiles"][self.manifest["profile"]]
         self.datasets: list[str] = self.manifest.get("datasets", [])  # sorted: per-dataset losses
+        self.preference: bool = self.manifest.get("preference", False)  # bins of DPO pairs
         self.epoch, self._consumed, self._resume = 0, 0, None
         self._source: ShardSource | None = None
         plan.Slot(self.rank, self.world_size)  # validates rank < world size
@@ -257,6 +260,7 @@ def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
         "labels": torch.full_like(item["labels"], IGNORE),
         "sample_ids": [],
         "sample_datasets": [],
+        "sample_pair_sides": [],
         "filler": True,
     }
 
@@ -323,15 +327,15 @@ class _RowGroup:
             media_columns = ["media"]
         elif self.family.mrope:  # mRoPE needs the grids and offsets, not the pixels
             media_columns = source.nested_columns(unit.shard, "media", MROPE_FIELDS)
-        datasets = ["sample_datasets"] if source.has_column(unit.shard, "sample_datasets") else []
-        table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + datasets + media_columns)
+        self.per_sample = [c for c in PER_SAMPLE_COLUMNS if source.has_column(unit.shard, c)]  # added since
+        table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + self.per_sample + media_columns)
         table = table.combine_chunks()
         self.lists = {}
         for name in ("input_ids", "labels", "cu_seqlens"):
             array = table.column(name).chunk(0)
             self.lists[name] = (array.offsets.to_numpy(), array.values.to_numpy())
         self.sample_ids = table.column("sample_ids").chunk(0)
-        self.sample_datasets = table.column("sample_datasets").chunk(0) if datasets else None
+        self.columns = {name: table.column(name).chunk(0) for name in self.per_sample}
         self.media = None
         if media_columns:
             self.media = _MediaColumn(table.column("media").chunk(0), views=bool(pixels and pixels.prepared))
@@ -356,8 +360,8 @@ class _RowGroup:
             "sample_ids": self.sample_ids[row].as_py(),
             "filler": False,
         }
-        if self.sample_datasets is not None:  # shards written before the column have no datasets
-            item["sample_datasets"] = self.sample_datasets[row].as_py()
+        for name, column in self.columns.items():  # shards written before a column lack it
+            item[name] = column[row].as_py()
         media = self.media.row(row) if self.media is not None else []
         if self.family.linear_attention:  # which sample each token is (the causal conv's seq_idx)
             item["seq_idx"] = torch.from_numpy(np.repeat(np.arange(len(lengths), dtype=np.int32), lengths))

@@ -32,6 +32,13 @@ changes in ``Trainer``, and why:
   divided by the evaluation split's supervised tokens, overall (``eval_loss``) and per
   dataset (``eval_loss/<dataset>``), all-reduced; ``eval_strategy`` schedules it as usual.
 
+``PackedDPOTrainer`` (``ref_model=``, ``beta=``) trains preference packs (DPO): each
+micro-batch's pairs give their sigmoid DPO loss from one forward of the policy and one of
+the frozen reference model (``loader.preference``), summed and divided by the pairs of the
+whole optimizer step (all micro-batches, all ranks), times the world size. ``PackedTrainer``
+refuses a preference pack (an SFT loss would train the rejected answers), and
+``PackedDPOTrainer`` a pack without pairs.
+
 transformers, accelerate and torchdata are imported here only: ``import loader`` stays free
 of them.
 """
@@ -55,6 +62,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from loader.collate import PackedBatch, collate_packed
 from loader.dataset import PackedDataset
 from loader.hybrid import require_sample_isolation
+from loader.preference import DPOOutput, dpo_losses, pair_logprobs, sequence_logprobs, step_pairs
 from loader.training import (
     dataset_losses,
     idle_media_settings,
@@ -160,6 +168,8 @@ class PackedTrainerMixin:
     ``PackedDataset``) or a ready ``train_dataset``; ``trace`` appends one JSON line per
     micro-batch and rank to ``{trace}.rank{N}`` with what the training step received."""
 
+    trains_pairs = False  # the loss this trainer computes: SFT (False) or preference pairs (True)
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -187,6 +197,14 @@ class PackedTrainerMixin:
             raise ValueError(
                 f"the dataset reads as rank {train_dataset.rank} of {train_dataset.world_size}, the trainer "
                 f"is rank {args.process_index} of {args.world_size}"
+            )
+        if train_dataset.preference != self.trains_pairs:
+            raise ValueError(
+                "the pack holds preference pairs: train it with PackedDPOTrainer (an SFT loss would train "
+                "the rejected answers)"
+                if train_dataset.preference
+                else "the pack holds no preference pairs (datasets with ranking: true): train it with "
+                "PackedTrainer"
             )
         if eval_split:
             if manifest is None:
@@ -235,12 +253,7 @@ class PackedTrainerMixin:
         self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
     ) -> tuple[list[PackedBatch], torch.Tensor | None]:
         """The optimizer step's micro-batches and its supervised tokens across ranks."""
-        batches = list(itertools.islice(epoch_iterator, num_batches))
-        if any(b is SKIPPED for b in batches):
-            raise RuntimeError(
-                "Trainer skipped fewer batches than the checkpoint's loader state had trained: "
-                "resume with the gradient accumulation steps and batch size of the saved run"
-            )
+        batches = _step_batches(epoch_iterator, num_batches)
         return batches, step_supervised_tokens(batches, device) if batches else None
 
     def _prepare_inputs(self, inputs: PackedBatch) -> PackedBatch:
@@ -250,6 +263,20 @@ class PackedTrainerMixin:
         return batch
 
     # -- evaluation ---------------------------------------------------------------------------
+    def _evaluation_data(self, eval_dataset: PackedDataset | None) -> PackedDataset:
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError(f"no evaluation data: {type(self).__name__}(eval_split=True) or eval_dataset=")
+        return dataset
+
+    def _evaluation_loader(self, dataset: PackedDataset) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            dataset,
+            batch_size=self.args.per_device_eval_batch_size,
+            collate_fn=collate_packed,
+            num_workers=self.args.dataloader_num_workers,
+        )
+
     def evaluate(
         self,
         eval_dataset: PackedDataset | None = None,
@@ -258,15 +285,8 @@ class PackedTrainerMixin:
     ) -> dict[str, float]:
         """Loss per supervised token over the whole evaluation split, and per dataset; logged
         and handed to the callbacks like Trainer's own metrics."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError("no evaluation data: PackedTrainer(eval_split=True) or eval_dataset=")
-        loader = StatefulDataLoader(
-            dataset,
-            batch_size=self.args.per_device_eval_batch_size,
-            collate_fn=collate_packed,
-            num_workers=self.args.dataloader_num_workers,
-        )
+        dataset = self._evaluation_data(eval_dataset)
+        loader = self._evaluation_loader(dataset)
         was_training = self.model.training
         self.model.eval()
         totals = torch.zeros(2, len(dataset.datasets), dtype=torch.float64, device=self.args.device)
@@ -315,6 +335,9 @@ class PackedTrainerMixin:
             "step": self.state.global_step,
             "rank": self.args.process_index,
             "samples": traced_samples(batch),
+            "pairs": [
+                [batch.meta["sample_ids"][c], batch.meta["sample_ids"][r]] for c, r in batch.meta["pairs"]
+            ],
             "fillers": batch.meta["fillers"],
             "media": any(k in batch for k in ("pixel_values", "pixel_values_videos")),
         }
@@ -372,6 +395,17 @@ class PackedTrainerMixin:
         return LOADER_STATE.format(rank=self.args.process_index)
 
 
+def _step_batches(epoch_iterator: Iterator[Any], num_batches: int) -> list[PackedBatch]:
+    """The next ``num_batches`` micro-batches; a placeholder among them means the resume went wrong."""
+    batches = list(itertools.islice(epoch_iterator, num_batches))
+    if any(b is SKIPPED for b in batches):
+        raise RuntimeError(
+            "Trainer skipped fewer batches than the checkpoint's loader state had trained: "
+            "resume with the gradient accumulation steps and batch size of the saved run"
+        )
+    return batches
+
+
 def _saved_weight_names(checkpoint: str) -> set[str] | None:
     """The tensor names of a checkpoint's safetensors weights (one file or an index), or None."""
     index = os.path.join(checkpoint, SAFE_WEIGHTS_INDEX_NAME)
@@ -387,3 +421,111 @@ def _saved_weight_names(checkpoint: str) -> set[str] | None:
 
 class PackedTrainer(PackedTrainerMixin, Trainer):
     """transformers' ``Trainer`` on mmpack shards (see the module docstring)."""
+
+
+class PackedDPOTrainerMixin(PackedTrainerMixin):
+    """DPO on a preference pack (see the module docstring): ``ref_model`` (frozen here) and
+    ``beta``; everything else as ``PackedTrainerMixin``. Logged with the loss: the step's
+    ``rewards/accuracy`` (chosen reward above rejected), ``rewards/margin``,
+    ``rewards/chosen`` and ``rewards/rejected``, means over this rank's pairs."""
+
+    trains_pairs = True
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: Any,
+        *,
+        ref_model: torch.nn.Module,
+        beta: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, args, **kwargs)
+        self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False)
+        self.beta = beta
+        self._rewards: list[torch.Tensor] = []  # [2, pairs] per micro-batch since the last log
+
+    def get_batch_samples(
+        self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
+    ) -> tuple[list[PackedBatch], torch.Tensor | None]:
+        """The optimizer step's micro-batches and its preference pairs across ranks."""
+        batches = _step_batches(epoch_iterator, num_batches)
+        return batches, step_pairs(batches, device) if batches else None
+
+    def dpo(self, model: torch.nn.Module, batch: PackedBatch) -> DPOOutput:
+        """The batch's pairs: their DPO losses and rewards (policy ``model``, this reference)."""
+        policy = sequence_logprobs(model, batch)
+        with torch.no_grad():
+            reference = sequence_logprobs(self.ref_model, batch)
+        return dpo_losses(*pair_logprobs(batch, policy), *pair_logprobs(batch, reference), beta=self.beta)
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: PackedBatch,
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if return_outputs:
+            raise ValueError("PackedDPOTrainer computes no outputs: its evaluate() sums losses per pair")
+        out = self.dpo(model, inputs)
+        self._rewards.append(torch.stack([out.chosen_rewards, out.rejected_rewards]).cpu())
+        if num_items_in_batch is None:  # one micro-batch on its own
+            num_items_in_batch = step_pairs([inputs], out.losses.device)
+        return out.losses.sum() * self.accelerator.num_processes / num_items_in_batch.to(out.losses.dtype)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and self._rewards:
+            logs = {**logs, **_reward_metrics(torch.cat(self._rewards, dim=1), "rewards")}
+            self._rewards = []
+        super().log(logs, *args, **kwargs)
+
+    def evaluate(
+        self,
+        eval_dataset: PackedDataset | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
+        """The mean DPO loss over every evaluation pair (once across ranks), and the rewards'
+        accuracy and margin, all-reduced; logged and handed to the callbacks."""
+        loader = self._evaluation_loader(self._evaluation_data(eval_dataset))
+        was_training = self.model.training
+        self.model.eval()
+        totals = torch.zeros(4, dtype=torch.float64, device=self.args.device)  # loss, pairs, right, margin
+        with torch.no_grad():
+            for batch in loader:
+                out = self.dpo(self.model, self._prepare_inputs(batch))
+                margin = (out.chosen_rewards - out.rejected_rewards).to(torch.float64)
+                figures = [out.losses.sum(), torch.tensor(len(margin)), (margin > 0).sum(), margin.sum()]
+                totals += torch.stack([f.to(device=totals.device, dtype=torch.float64) for f in figures])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(totals)
+        self.model.train(was_training)
+        loss, pairs, right, margin = totals.tolist()
+        pairs = max(pairs, 1.0)
+        metrics = {
+            f"{metric_key_prefix}_loss": loss / pairs,
+            f"{metric_key_prefix}_pairs": pairs,
+            f"{metric_key_prefix}_rewards/accuracy": right / pairs,
+            f"{metric_key_prefix}_rewards/margin": margin / pairs,
+        }
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+def _reward_metrics(rewards: torch.Tensor, prefix: str) -> dict[str, float]:
+    """Means of [2, pairs] (chosen, rejected) rewards: accuracy, margin and each side."""
+    chosen, rejected = rewards.to(torch.float64)
+    if not len(chosen):
+        return {}
+    return {
+        f"{prefix}/accuracy": float((chosen > rejected).to(torch.float64).mean()),
+        f"{prefix}/margin": float((chosen - rejected).mean()),
+        f"{prefix}/chosen": float(chosen.mean()),
+        f"{prefix}/rejected": float(rejected.mean()),
+    }
+
+
+class PackedDPOTrainer(PackedDPOTrainerMixin, Trainer):
+    """transformers' ``Trainer`` running DPO on a preference pack (see the module docstring)."""

@@ -69,7 +69,13 @@ def step_supervised_tokens(group: Sequence[PackedBatch], device: torch.device | 
     """The supervised tokens of one optimizer step: its micro-batches on every rank (all-reduced
     when torch.distributed runs), float64, at least 1. Each token then weighs the same,
     however the step's tokens fall across micro-batches and ranks."""
-    total = torch.tensor(sum(b.meta["supervised_tokens"] for b in group), dtype=torch.float64, device=device)
+    return step_total(sum(b.meta["supervised_tokens"] for b in group), device)
+
+
+def step_total(count: float, device: torch.device | None = None) -> torch.Tensor:
+    """``count`` summed over every rank (all-reduced when torch.distributed runs), float64, at
+    least 1: the normaliser of an optimizer step's loss."""
+    total = torch.tensor(count, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(total)
     return total.clamp(min=1)

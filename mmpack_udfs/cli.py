@@ -200,7 +200,13 @@ def run_config(args: argparse.Namespace) -> int:
 
 def run_demo_data(args: argparse.Namespace) -> int:
     from mmpack_udfs.demo import data as demo_data
+    from mmpack_udfs.demo import preference
 
+    if args.preference:
+        pairs = preference.generate(args.dir, pairs=args.samples, seed=args.seed)
+        print(f"preference demo: {pairs.records} records ({pairs.bad_records} bad) under {pairs.root}; "
+              f"config: {pairs.config}")  # fmt: skip
+        return EXIT_OK
     demo = demo_data.generate(args.dir, samples=args.samples, seed=args.seed)
     print(
         f"demo data: {demo.records} records ({demo.bad_records} bad, {demo.duplicates} duplicates) "
@@ -304,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="directory to write the dataset into")
     p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--preference",
+        action="store_true",
+        help="preference pairs (DPO) instead: --samples pairs in three formats, config mmpack-dpo.yaml",
+    )
     add_verbose_option(p)
     p.set_defaults(func=run_demo_data)
 

@@ -23,6 +23,9 @@ class Reason(StrEnum):
     VIDEO_NO_FRAMES = "video_no_frames"
     MEDIA_REMOTE = "media_remote"
     UNSUPPORTED_MODALITY = "unsupported_modality"
+    PREFERENCE_MISSING_SIDE = "preference_missing_side"
+    PREFERENCE_IDENTICAL_SIDES = "preference_identical_sides"
+    PREFERENCE_MEDIA_MISMATCH = "preference_media_mismatch"
     # tokenize stage
     MEDIA_UNSUPPORTED = "media_unsupported"
     TOO_LONG = "too_long"
@@ -62,6 +65,14 @@ DESCRIPTIONS: dict[Reason, str] = {
         "the record holds audio (an audios column, an <audio> placeholder or an audio part) or a "
         "content part of a kind no profile encodes; dropping it would train on text about media "
         "the model never sees"
+    ),
+    Reason.PREFERENCE_MISSING_SIDE: (
+        "a record of a ranking (preference) dataset lacks its chosen or its rejected answer, or one "
+        "is empty"
+    ),
+    Reason.PREFERENCE_IDENTICAL_SIDES: "a preference pair's chosen and rejected answers are the same",
+    Reason.PREFERENCE_MEDIA_MISMATCH: (
+        "a preference pair's two answers hold different media: both sequences of a pair must see the same"
     ),
     Reason.MEDIA_UNSUPPORTED: (
         "the media cannot be taken faithfully: an aspect ratio or frame count the profile refuses, "

@@ -41,6 +41,9 @@ SAMPLES = pa.schema(
         pa.field("system", pa.string()),
         pa.field("turns", pa.list_(TURN), nullable=False),
         pa.field("media", pa.list_(MEDIA), nullable=False),
+        # a preference pair (datasets with ``ranking: true``): the rejected answer, which takes the
+        # place of the last turn (the chosen answer); null for an SFT conversation
+        pa.field("rejected", pa.string()),
     ]
 )
 
@@ -100,8 +103,13 @@ TOKENIZED = pa.schema(
         pa.field("video_tokens", pa.int32(), nullable=False),
         pa.field("supervised_tokens", pa.int32(), nullable=False),
         pa.field("media", pa.list_(TOKENIZED_MEDIA), nullable=False),
+        # a preference pair's sequence: "chosen" (sample id <parent>-chosen) or "rejected"
+        # (<parent>-rejected), packed side by side in one bin; null for an SFT sample
+        pa.field("pair_side", pa.string()),
     ]
 )
+
+PAIR_SIDES = ("chosen", "rejected")
 
 TOKENIZE_QUARANTINE = pa.schema(
     [
@@ -151,6 +159,9 @@ SHARD = pa.schema(
         pa.field("sample_ids", pa.list_(pa.string()), nullable=False),
         # each sample's dataset; added within version 1: shards written before it lack the column
         pa.field("sample_datasets", pa.list_(pa.string()), nullable=False),
+        # each sample's pair side (null: not a preference pair); a pair's chosen sequence is
+        # immediately followed by its rejected one. Added within version 1
+        pa.field("sample_pair_sides", pa.list_(pa.string()), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),
         pa.field("num_samples", pa.int32(), nullable=False),
         pa.field("image_tokens", pa.int32(), nullable=False),
@@ -162,15 +173,17 @@ SHARD = pa.schema(
     ]
 )
 
-ADDED_SHARD_COLUMNS = ("sample_datasets",)  # readers accept shards without them
+ADDED_SHARD_COLUMNS = ("sample_datasets", "sample_pair_sides")  # in the order they were added
 
 
 def is_shard_schema(schema: pa.Schema) -> bool:
-    """The shard schema, or the same without a column added since (docs/FORMAT.md: Compatibility)."""
-    if schema.equals(SHARD):
-        return True
-    older = pa.schema([f for f in SHARD if f.name not in ADDED_SHARD_COLUMNS])
-    return schema.equals(older)
+    """The shard schema as of some point of version 1: the current one, or without the columns
+    added since that point (docs/FORMAT.md: Compatibility)."""
+    for since in range(len(ADDED_SHARD_COLUMNS) + 1):
+        later = ADDED_SHARD_COLUMNS[since:]
+        if schema.equals(pa.schema([f for f in SHARD if f.name not in later])):
+            return True
+    return False
 
 
 # Per-bin figures: the columns a report or a rank balancer reads without touching tokens.

@@ -15,6 +15,7 @@ import pytest
 
 from mmpack_udfs.config import load_config
 from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.demo import preference as preference_data
 from mmpack_udfs.io.context import RunContext
 
 # Fake credentials for the loopback S3 server, set before Spark starts so that its Python
@@ -156,6 +157,37 @@ def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
     out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("packed-demo"))
     pack.run(spark, demo_run(demo, out, *PACKED_DEMO_SETTINGS))
     return out
+
+
+PREFERENCE_SETTINGS = ("pack.budget=2048", "pack.oversize=skip", "pack.bins_per_row_group=2")
+
+
+@pytest.fixture(scope="session")
+def preference_demo(tmp_path_factory) -> preference_data.PreferenceDemo:
+    """The preference demo (LLaMA-Factory ranking, TRL and OpenAI files with images)."""
+    return preference_data.generate(tmp_path_factory.mktemp("dpo-demo"), pairs=48, seed=5)
+
+
+@dataclass(frozen=True)
+class PreferenceRun:
+    output: Path
+    ctx: RunContext
+    summaries: dict
+
+
+@pytest.fixture(scope="session")
+def preference_run(spark, preference_demo, tmp_path_factory) -> PreferenceRun:
+    """normalize → tokenize → pack of the preference demo (one Spark run shared by the pipeline
+    tests and the DPO example's)."""
+    from mmpack_udfs.normalize import stage as normalize
+    from mmpack_udfs.pack import stage as pack
+    from mmpack_udfs.tokenize import stage as tokenize
+
+    out = tmp_path_factory.mktemp("dpo-out")
+    ctx = RunContext.of(load_config(preference_demo.config, [f"output={out}", *PREFERENCE_SETTINGS]))
+    summaries = {name: stage.run(spark, ctx) for name, stage in
+                 (("normalize", normalize), ("tokenize", tokenize), ("pack", pack))}  # fmt: skip
+    return PreferenceRun(out, ctx, summaries)
 
 
 # Model families run from a model directory (tokenize.model), each tokenized and packed once

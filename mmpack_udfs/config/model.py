@@ -229,6 +229,8 @@ class ColumnsConfig(Section):
     query: OptionalKey = Field(None, description="alpaca: the input, appended to the instruction")
     response: OptionalKey = Field(None, description="alpaca: the output")
     history: OptionalKey = Field(None, description="alpaca: earlier [instruction, output] pairs")
+    chosen: OptionalKey = Field(None, description="ranking datasets: the chosen answer")
+    rejected: OptionalKey = Field(None, description="ranking datasets: the rejected answer")
 
 
 class TagsConfig(Section):
@@ -284,6 +286,11 @@ class DatasetConfig(Section):
     max_samples: OptionalPositiveInt = Field(
         None,
         description="at most this many of its training samples (a deterministic choice), before `weight`",
+    )
+    ranking: bool = Field(
+        False,
+        description="preference pairs (a prompt, a chosen and a rejected answer: DPO) instead of SFT "
+        "conversations (README: Preference data (DPO))",
     )
     eval_samples: OptionalNonNegativeInt = Field(
         None, description="this many of its samples held out for evaluation (`null`: `eval.fraction`)"

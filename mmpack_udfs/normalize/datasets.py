@@ -2,7 +2,8 @@
 entries of a LLaMA-Factory ``dataset_info.json`` as LLaMA-Factory reads them.
 
 Runs on the driver before Spark starts: a dataset_info entry mmpack cannot take (a hub
-dataset, a ranking dataset, an unknown column) is a configuration error naming it.
+dataset, an unknown column) is a configuration error naming it; ``ranking: true`` entries
+are preference pairs (normalize.preference).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_
 COLUMN_NAMES = {  # LLaMA-Factory column → mmpack column (tags take LLaMA-Factory's names as they are)
     "messages": "messages", "system": "system", "images": "images", "videos": "videos", "audios": "audios",
     "prompt": "prompt", "query": "query", "response": "response", "history": "history",
+    "chosen": "chosen", "rejected": "rejected",
 }  # fmt: skip
 
 
@@ -44,6 +46,13 @@ def specs_of(datasets: Iterable[DatasetConfig], storage: fs.Storage = fs.LOCAL) 
             if spec.name in specs:
                 raise ConfigError(f"datasets: two datasets are named '{spec.name}'")
             specs[spec.name] = spec
+    ranking = sorted(name for name, spec in specs.items() if spec.ranking)
+    if ranking and len(ranking) != len(specs):
+        others = sorted(set(specs) - set(ranking))
+        raise ConfigError(
+            f"datasets: {', '.join(ranking)} hold preference pairs (ranking: true) and {', '.join(others)} "
+            "SFT conversations; a pack holds one kind: run them as two pipelines"
+        )
     return specs
 
 
@@ -60,6 +69,7 @@ def _expand(entry: DatasetConfig, storage: fs.Storage) -> list[DatasetSpec]:
                 dialect=entry.dialect,
                 columns=_items(entry.columns),
                 tags=_items(entry.tags),
+                ranking=entry.ranking,
             )
         ]
     info_uri = _resolve(entry.dataset_info, base)
@@ -103,8 +113,6 @@ def _entry_spec(
         raise ConfigError(
             f"{where}: mmpack does not support {', '.join(unknown)} (it reads {sorted(ENTRY_KEYS)})"
         )
-    if attrs.get("ranking"):
-        raise ConfigError(f"{where} is a ranking (preference) dataset; mmpack packs SFT conversations")
     if attrs.get("split", "train") != "train":
         raise ConfigError(
             f"{where}: split {attrs['split']!r} applies to hub datasets; mmpack reads the whole file"
@@ -133,6 +141,7 @@ def _entry_spec(
         dialect=formatting,
         columns=_items(mapped_columns),
         tags=_items(tags),
+        ranking=bool(attrs.get("ranking")) or entry.ranking,
     )
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import media
+from mmpack_udfs.normalize.preference import parse_preference
 from mmpack_udfs.normalize.sharegpt import Blob, DatasetSpec, MediaRef, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
@@ -80,7 +81,7 @@ class RecordNormalizer:
             raise Rejected(Reason(reason), detail)
         record = parse_json(raw["raw"])
         spec = self.specs[raw["dataset"]]
-        conversation = parse_record(record, spec)
+        conversation = (parse_preference if spec.ranking else parse_record)(record, spec)
         found = [self._media(kind, ref, spec, raw.get("blobs") or []) for kind, ref in conversation.media]
         identities, infos = [identity for identity, _ in found], [info for _, info in found]
         return {
@@ -90,6 +91,7 @@ class RecordNormalizer:
             "system": conversation.system,
             "turns": [{"role": r, "text": t} for r, t in conversation.turns],
             "media": [info.as_row() for info in infos],
+            "rejected": conversation.rejected,
         }
 
     def _media(

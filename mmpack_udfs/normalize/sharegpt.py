@@ -36,6 +36,8 @@ COLUMN_DEFAULTS = {
     "videos": "videos",
     "image": "image",
     "audios": "audios",
+    "chosen": "chosen",  # preference pairs (ranking: true): the two answers
+    "rejected": "rejected",
 }
 ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "history": "history"}
 DIALECTS: dict[str, dict[str, dict[str, Any]]] = {
@@ -114,6 +116,7 @@ class DatasetSpec:
     dialect: str = "auto"
     columns: tuple[tuple[str, str], ...] = ()
     tags: tuple[tuple[str, Any], ...] = ()
+    ranking: bool = False  # preference pairs (normalize.preference), not SFT conversations
 
     def mapping(self, dialect: str) -> KeyMap:
         return _key_map(self, dialect)
@@ -147,6 +150,7 @@ class Conversation:
     system: str | None
     turns: list[tuple[str, str]]
     media: list[tuple[str, MediaRef]] = field(default_factory=list)  # (kind, reference)
+    rejected: str | None = None  # a preference pair's rejected answer (the last turn is the chosen one)
 
 
 def detect_dialect(record: Mapping[str, Any], spec: DatasetSpec) -> str:
@@ -203,6 +207,18 @@ def _messages(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, Any]]:
 def _alpaca_messages(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, Any]]:
     """An alpaca record as turns, the way LLaMA-Factory reads it: each ``history`` pair, then
     the instruction and the input joined by a newline, then the output."""
+    if not any(record.get(m.columns[k]) for k in ("prompt", "query")) and record.get(
+        m.columns["response"]
+    ) in (None, ""):
+        raise Rejected(
+            Reason.MISSING_CONVERSATION, f"no '{m.columns['prompt']}' or '{m.columns['response']}'"
+        )
+    return [*alpaca_prompt(record, m), (_first_tag(m, "assistant"), record.get(m.columns["response"]))]
+
+
+def alpaca_prompt(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, Any]]:
+    """An alpaca record's turns before its answer: each ``history`` pair, then the instruction
+    and the input joined by a newline."""
     user, assistant = _first_tag(m, "user"), _first_tag(m, "assistant")
     turns: list[tuple[Any, Any]] = []
     history = record.get(m.columns["history"])
@@ -214,15 +230,10 @@ def _alpaca_messages(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, An
         for old_prompt, old_response in history:
             turns += [(user, old_prompt), (assistant, old_response)]
     prompt = [record.get(m.columns[key]) for key in ("prompt", "query")]
-    if not any(prompt) and record.get(m.columns["response"]) in (None, ""):
-        raise Rejected(
-            Reason.MISSING_CONVERSATION, f"no '{m.columns['prompt']}' or '{m.columns['response']}'"
-        )
     for value in prompt:
         if value is not None and not isinstance(value, str):
             raise Rejected(Reason.NON_STRING_CONTENT, f"alpaca prompt is {type(value).__name__}")
     turns.append((user, "\n".join(p for p in prompt if p)))
-    turns.append((assistant, record.get(m.columns["response"])))
     return turns
 
 
@@ -413,13 +424,17 @@ def _placeholders_in(text: str) -> list[str]:
 
 def sample_id(conversation: Conversation, media_uris: list[str]) -> str:
     """Content hash: the same conversation with the same media always gets the same id.
-    ``media_uris``: each item's identity, its resolved URI, or ``sha256:<hex>`` of inline bytes."""
+    ``media_uris``: each item's identity, its resolved URI, or ``sha256:<hex>`` of inline bytes.
+    A preference pair hashes its rejected answer too (an SFT conversation's id is unchanged)."""
+    content = {
+        "system": conversation.system,
+        "turns": conversation.turns,
+        "media": [[kind, uri] for (kind, _), uri in zip(conversation.media, media_uris, strict=True)],
+    }
+    if conversation.rejected is not None:
+        content["rejected"] = conversation.rejected
     canonical = json.dumps(
-        {
-            "system": conversation.system,
-            "turns": conversation.turns,
-            "media": [[kind, uri] for (kind, _), uri in zip(conversation.media, media_uris, strict=True)],
-        },
+        content,
         ensure_ascii=False,
         separators=(",", ":"),
     )

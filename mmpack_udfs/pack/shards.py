@@ -31,6 +31,7 @@ TOKENIZED_COLUMNS = [
     "video_tokens",
     "supervised_tokens",
     "media",
+    "pair_side",
 ]
 
 
@@ -98,6 +99,9 @@ def build_bins(
         ),
         "sample_datasets": pa.ListArray.from_arrays(
             pa.array(row_offsets.astype(np.int32)), taken.column("dataset").chunk(0)
+        ),
+        "sample_pair_sides": pa.ListArray.from_arrays(
+            pa.array(row_offsets.astype(np.int32)), taken.column("pair_side").chunk(0)
         ),
         "num_tokens": pa.array(bin_tokens.astype(np.int32)),
         "num_samples": pa.array(np.diff(row_offsets).astype(np.int32)),

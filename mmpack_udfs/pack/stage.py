@@ -38,7 +38,7 @@ from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.families import model_dir
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
-from mmpack_udfs.pack import costs, mix, shards
+from mmpack_udfs.pack import costs, mix, pairs, shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.report import pack_report as report
 
@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"
 BROADCAST_ROWS = 1_000_000  # placements up to this many rows (~50 MB) are broadcast to the join
-COUNT_COLUMNS = ["sample_id", "parent_id", "dataset", "num_tokens", "image_tokens", "video_tokens", "media"]
+COUNT_COLUMNS = ["sample_id", "parent_id", "dataset", "num_tokens", "image_tokens", "video_tokens", "media",
+                 "pair_side"]  # fmt: skip
 
 WRITTEN = pa.struct(  # shards.WrittenShard
     [
@@ -162,19 +163,43 @@ class Placement:
 
 
 def read_counts(tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage) -> pa.Table:
-    """The count columns of every row, sorted by sample_id (arrival order must not matter)."""
-    counts = tables.read_arrow(tokenized_uri, storage, columns=COUNT_COLUMNS, snap=snap)
+    """The count columns of every row, sorted by sample_id (arrival order must not matter). A
+    table tokenized before preference pairs existed has no ``pair_side``: it holds no pairs."""
+    present = [c for c in COUNT_COLUMNS if c in snap.schema.names]
+    counts = tables.read_arrow(tokenized_uri, storage, columns=present, snap=snap)
+    if "pair_side" not in present:
+        counts = counts.append_column("pair_side", pa.nulls(counts.num_rows, pa.string()))
     return counts.take(pc.sort_indices(counts, [("sample_id", "ascending")])).combine_chunks()
 
 
+def read_rows(spark, tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage):
+    """The tokenized rows the shard tasks build bins from (Spark), ``pair_side`` null where the
+    table predates it."""
+    from pyspark.sql import functions as F
+
+    rows = tables.read_table(spark, tokenized_uri, storage, snap=snap)
+    if "pair_side" not in snap.schema.names:
+        rows = rows.withColumn("pair_side", F.lit(None).cast("string"))
+    return rows.select(*shards.TOKENIZED_COLUMNS)
+
+
+def unit_sizes(counts: pa.Table, settings: PackSettings) -> tuple[pairs.Units, np.ndarray, np.ndarray | None]:
+    """The packing units of ``counts`` (a row, or a preference pair's two rows) and each unit's
+    tokens and second size (None without a second budget)."""
+    units = pairs.units_of(counts)
+    second = settings.second_sizes(counts)
+    lengths = units.total(counts.column("num_tokens").to_numpy())
+    return units, lengths, units.total(second) if second is not None else None
+
+
 def check_oversize(counts: pa.Table, settings: PackSettings) -> np.ndarray:
-    """Indices of rows over a budget.
+    """Indices of rows over a budget (both rows of a pair over it together).
 
     Raises PackError when any row is over a budget and the policy is ``error``, or when every
     row is (nothing would be published).
     """
-    lengths = counts.column("num_tokens").to_numpy().astype(np.int64)
-    too_big = settings.oversize_mask(lengths, settings.second_sizes(counts))
+    units, lengths, second = unit_sizes(counts, settings)
+    too_big = settings.oversize_mask(lengths, second)[units.unit_of_rows()]
     over = counts.column("sample_id").filter(pa.array(too_big)).to_pylist()
     if over and settings.oversize == "error":
         raise PackError(
@@ -194,19 +219,27 @@ def check_oversize(counts: pa.Table, settings: PackSettings) -> np.ndarray:
 
 def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = None) -> Placement:
     """Pack ``copies`` of every row (default: one; rows within the budgets) by first-fit-decreasing,
-    ties in sample_id order, copies of a row in different bins, and lay the bins out in
+    ties in sample_id order, copies of a row in different bins, a preference pair's two rows
+    as one unit (side by side in one bin, chosen first), and lay the bins out in
     cost-stratified row groups, ``bins_per_shard`` per shard."""
+    units, unit_lengths, unit_second = unit_sizes(counts, settings)
     if copies is None:
-        lengths = counts.column("num_tokens").to_numpy()
-        copies = (~settings.oversize_mask(lengths, settings.second_sizes(counts))).astype(np.int64)
-    rows = np.repeat(np.arange(counts.num_rows), copies)
-    items = counts.take(pa.array(rows, pa.int64()))
-    lengths = items.column("num_tokens").to_numpy().astype(np.int64)
-    second = settings.second_sizes(items)
+        unit_copies = (~settings.oversize_mask(unit_lengths, unit_second)).astype(np.int64)
+    else:
+        unit_copies = np.asarray(copies, np.int64)[units.first]
+    item_unit = np.repeat(np.arange(units.count), unit_copies)  # an item: one copy of a unit
+    lengths = unit_lengths[item_unit]
     packing = first_fit_decreasing(
-        lengths, settings.budget, second=second, second_budget=settings.second_budget, groups=rows
+        lengths,
+        settings.budget,
+        second=unit_second[item_unit] if unit_second is not None else None,
+        second_budget=settings.second_budget,
+        groups=item_unit,
     )
-    lay = shards.layout(packing.bin_of, lengths, cost_stratified_order(items, packing, settings))
+    item, row, side = units.rows(item_unit)  # the items' rows, a pair's chosen row first
+    rows = counts.take(pa.array(row, pa.int64()))
+    order = cost_stratified_order(rows, packing.bin_of[item], packing.num_bins, settings)
+    lay = shards.layout(packing.bin_of, lengths, order)
     per_bin = np.diff(lay.bin_starts)
     written = np.empty(len(lengths), np.int64)
     written[lay.rows] = np.repeat(np.arange(lay.num_bins), per_bin)
@@ -215,22 +248,25 @@ def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = 
     shard_bins = [min(settings.bins_per_shard, lay.num_bins - first)
                   for first in range(0, lay.num_bins, settings.bins_per_shard)]  # fmt: skip
     return Placement(
-        items.column("sample_id").combine_chunks(),
-        written // settings.bins_per_shard,
-        written % settings.bins_per_shard,
-        position,
+        rows.column("sample_id").combine_chunks(),
+        written[item] // settings.bins_per_shard,
+        written[item] % settings.bins_per_shard,
+        position[item] * units.width + side,
         shard_bins,
     )
 
 
-def cost_stratified_order(counts: pa.Table, packing, settings: PackSettings) -> np.ndarray:
-    """The order to write the bins in: row groups stratified by cost (costs.write_order)."""
+def cost_stratified_order(
+    rows: pa.Table, bin_of: np.ndarray, num_bins: int, settings: PackSettings
+) -> np.ndarray:
+    """The order to write the bins in: row groups stratified by cost (costs.write_order), from
+    the placed ``rows`` and the bin of each."""
     figures = costs.bin_figures(
-        packing.bin_of,
-        packing.num_bins,
-        counts.column("num_tokens").to_numpy(),
-        vision_tokens(counts),
-        costs.media_squares(counts.column("media").combine_chunks(), settings.profile),
+        bin_of,
+        num_bins,
+        rows.column("num_tokens").to_numpy(),
+        vision_tokens(rows),
+        costs.media_squares(rows.column("media").combine_chunks(), settings.profile),
     )
     return costs.write_order(figures, settings.cost_model, settings.bins_per_row_group, settings.seed)
 
@@ -366,8 +402,9 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
             "the dataset weights, max_samples and evaluation split leave no sample to train on: "
             "give some dataset a weight above 0"
         )
+    preference = pairs.units_of(counts).paired  # the pack holds preference pairs (DPO)
     shard_dir = f"shards/{tables.run_tag(run_id)}"
-    rows = tables.read_table(spark, tokenized_uri, storage, snap=snap).select(*shards.TOKENIZED_COLUMNS)
+    rows = read_rows(spark, tokenized_uri, snap, storage)
     source = {"table": tokenized_uri, "version": snap.version}
     evaluation = None
     if chosen.eval.any():
@@ -376,7 +413,9 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         eval_results = write_placement(spark, rows, eval_placement, settings, eval_root, shard_dir, storage)
         reconcile(eval_placement, eval_results)
         eval_manifest = build_manifest(config, settings, run_id, source, eval_results, skipped=0)
-        eval_manifest.update(split="eval", datasets=sorted(set(counts.column("dataset").to_pylist())))
+        eval_manifest.update(
+            split="eval", datasets=sorted(set(counts.column("dataset").to_pylist())), preference=preference
+        )
         eval_manifest["cost_index"] = write_cost_index(
             eval_root, shard_dir, eval_manifest, eval_results, storage
         )
@@ -393,7 +432,9 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     mixture = mix.summary(counts, chosen, over)
     check_rows(counts.num_rows, mixture)
     manifest = build_manifest(config, settings, run_id, source, results, len(skipped))
-    manifest.update(split="train", datasets=sorted(mixture), mix=mixture, eval=evaluation)
+    manifest.update(
+        split="train", datasets=sorted(mixture), mix=mixture, eval=evaluation, preference=preference
+    )
     manifest["cost_index"] = write_cost_index(packed_root, shard_dir, manifest, results, storage)
     storage.write_bytes(ctx.report(SKIPPED_NAME), _json(skipped))
     publish_manifest(packed_root, manifest, storage)
@@ -435,9 +476,11 @@ def write_placement(
 
 
 def skipped_rows(counts: pa.Table, over: np.ndarray, settings: PackSettings) -> list[dict[str, Any]]:
-    """The rows left out as over a budget, with their sizes and reason, by sample_id."""
-    lengths = counts.column("num_tokens").to_numpy()
-    second = settings.second_sizes(counts)
+    """The rows left out as over a budget, with their sizes (a pair's row: the pair's) and
+    reason, by sample_id."""
+    units, lengths, second = unit_sizes(counts, settings)
+    unit_of = units.unit_of_rows()
+    lengths, second = lengths[unit_of], second[unit_of] if second is not None else None
     ids = counts.column("sample_id").take(pa.array(over, pa.int64())).to_pylist()
     return [
         {

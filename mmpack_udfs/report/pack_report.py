@@ -122,6 +122,7 @@ def write_report(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
         **statistics(manifest, figures),
         "mix": manifest.get("mix", {}),
         "eval": manifest.get("eval"),
+        "preference": manifest.get("preference", False),
     }
     storage.write_bytes(schemas.report_uri(output, REPORT_NAME), json.dumps(summary, indent=2).encode())
     stages = _stage_reports(output, storage)
@@ -217,6 +218,8 @@ def format_report(s: Mapping[str, Any]) -> str:
         f"  attention cost (sum of l² per bin): max/mean {cost['max_over_mean']}, cv {cost['cv']}",
         f"  manifest: {s['manifest']}",
     ]
+    if s.get("preference"):
+        lines.insert(2, f"  preference pairs: {s['samples'] // 2:,}, each side by side in one bin")
     if s.get("eval"):
         e = s["eval"]
         lines.append(

@@ -9,6 +9,11 @@ numpy, one concatenation per batch.
 
 Supervised tokens (labels != -100): the content of the supervised turns and their
 ``<|im_end|>``; never role headers, media tokens, the system prompt or template newlines.
+
+A preference pair (a sample with ``rejected``) becomes two rows, ``<id>-chosen`` (its turns)
+and ``<id>-rejected`` (the last turn's answer replaced), with the same media; each is
+supervised on its final answer only, and the two together must fit ``max_tokens``: they
+are packed into one bin, never truncated or split.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import Family, MediaPlan, make_family
 from mmpack_udfs.io import fs
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, TOKENIZED, VIDEO_PLACEHOLDER
+from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, PAIR_SIDES, TOKENIZED, VIDEO_PLACEHOLDER
 from mmpack_udfs.tokenize import fast
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 
@@ -123,6 +128,7 @@ class Tokenized:
     image_tokens: int = 0
     video_tokens: int = 0
     over_length: bool = False  # cut down to max_tokens (truncate) or a piece of a split sample
+    pair_side: str | None = None  # "chosen" | "rejected" for a preference pair's sequences
 
 
 class SampleTokenizer:
@@ -159,10 +165,15 @@ class SampleTokenizer:
     # --- rendering ---------------------------------------------------------------------
 
     def render(
-        self, system: str | None, turns: Sequence[Mapping[str, str]], plans: Sequence[MediaPlan]
+        self,
+        system: str | None,
+        turns: Sequence[Mapping[str, str]],
+        plans: Sequence[MediaPlan],
+        last_turn_only: bool = False,
     ) -> list[Piece]:
         """The pieces of one conversation, as the family's chat renderer lays out its turns;
-        media plans are consumed in placeholder order."""
+        media plans are consumed in placeholder order. ``last_turn_only``: supervise the final
+        answer alone (a preference pair's sequences), whatever ``tokenize.loss`` says."""
         chat, renderer = self.profile.chat, self.profile.renderer
         im_start, im_end = (self.special[chat.turn_start],), (self.special[chat.turn_end],)
         newline = self._constant(chat.separator)
@@ -174,7 +185,7 @@ class SampleTokenizer:
             head = f"system{chat.separator}{system}"
             body = Piece(None, self._constant(head)) if system == self.profile.default_system else Piece(head)
             pieces += [Piece(None, im_start), body, Piece(None, im_end), Piece(None, newline)]
-        supervised = self._supervised_turns(turns)
+        supervised = {len(turns) - 1} if last_turn_only else self._supervised_turns(turns)
         next_media = 0
         for t, layout in enumerate(renderer.turns(turns)):
             sup = t in supervised
@@ -311,18 +322,41 @@ class SampleTokenizer:
         for sample in samples:
             try:
                 plans = [self.profile.plan(m) for m in sample["media"]]
-                rendered.append(self.render(sample["system"], sample["turns"], plans))
+                pair = sample.get("rejected") is not None
+                conversations = _pair_turns(sample) if pair else (sample["turns"],)
+                rendered.append([self.render(sample["system"], t, plans, pair) for t in conversations])
                 kept.append(sample)
                 all_plans.append(plans)
             except Rejected as rejected:
                 quarantined.append(_quarantine(sample, rejected, None))
-        encoded = self.encode(rendered)
-        for sample, plans, pieces, enc in zip(kept, all_plans, rendered, encoded, strict=True):
+        encoded = iter(self.encode([pieces for sequences in rendered for pieces in sequences]))
+        for sample, plans, sequences in zip(kept, all_plans, rendered, strict=True):
+            encs = [next(encoded) for _ in sequences]
             try:
-                done += self._fit(sample, plans, pieces, enc)
+                if len(sequences) == 1:
+                    done += self._fit(sample, plans, sequences[0], encs[0])
+                else:
+                    done += self._fit_pair(sample, plans, sequences, encs)
             except Rejected as rejected:
-                quarantined.append(_quarantine(sample, rejected, len(enc.ids)))
+                quarantined.append(_quarantine(sample, rejected, sum(len(e.ids) for e in encs)))
         return done, quarantined
+
+    def _fit_pair(self, sample, plans, sequences: list[list[Piece]], encs: list[Encoded]) -> list[Tokenized]:
+        """A preference pair's two rows, when both fit ``max_tokens`` together (they share a bin)."""
+        total, limit = sum(len(e.ids) for e in encs), self.settings.max_tokens
+        if total > limit:
+            raise Rejected(
+                Reason.TOO_LONG, f"the pair has {total} tokens > max_tokens {limit}; pairs are never cut"
+            )
+        rows = []
+        for side, pieces, enc in zip(PAIR_SIDES, sequences, encs, strict=True):
+            turns = sample["turns"] if side == "chosen" else _pair_turns(sample)[1]
+            row = _assemble(f"{sample['sample_id']}-{side}", {**sample, "turns": turns}, plans, pieces, enc)
+            if not (row.labels != IGNORE).any():
+                raise Rejected(Reason.NO_SUPERVISED_TOKENS, f"the {side} answer has none")
+            row.pair_side = side
+            rows.append(row)
+        return rows
 
     def _fit(self, sample, plans, pieces, enc: Encoded) -> list[Tokenized]:
         """Apply the over-length policy and the supervised-token check."""
@@ -397,6 +431,13 @@ class Encoded(NamedTuple):
     ids: np.ndarray  # int32
     labels: np.ndarray  # int32, IGNORE where not supervised
     lengths: list[int]  # tokens per piece
+
+
+def _pair_turns(sample: Mapping[str, Any]) -> tuple[list[Mapping[str, str]], list[Mapping[str, str]]]:
+    """A preference pair's two conversations: its turns (the chosen answer last), and the same
+    with the rejected answer in place of the last turn."""
+    turns = list(sample["turns"])
+    return turns, [*turns[:-1], {"role": turns[-1]["role"], "text": sample["rejected"]}]
 
 
 def _tokens_before(offsets: Sequence[tuple[int, int]], chars: int) -> int:
@@ -510,6 +551,7 @@ def to_record_batch(rows: Sequence[Tokenized]) -> pa.RecordBatch:
         "video_tokens": pa.array(video),
         "supervised_tokens": pa.array(supervised),
         "media": pa.array([r.media for r in rows], TOKENIZED.field("media").type),
+        "pair_side": pa.array([r.pair_side for r in rows], pa.string()),
     }
     return pa.RecordBatch.from_pydict(columns, schema=TOKENIZED)
 

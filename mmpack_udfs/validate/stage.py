@@ -281,6 +281,14 @@ def bin_problems(bins: pa.Table, budget: int) -> list[str]:
         if "sample_datasets" in bins.column_names:
             bad["sample_datasets: length != num_samples"] = list_lengths(bins["sample_datasets"]) != samples
         bad["a sample twice in one bin (copies go to different bins)"] = _repeated_samples(bins)
+        if "sample_pair_sides" in bins.column_names:
+            bad["sample_pair_sides: length != num_samples"] = (
+                list_lengths(bins["sample_pair_sides"]) != samples
+            )
+            if not bad["sample_pair_sides: length != num_samples"].any():
+                bad["a preference pair not side by side in one bin (chosen, then its rejected)"] = (
+                    _broken_pairs(bins)
+                )
         bad.update(_sequence_problems(bins, tokens))
         bad.update(_label_problems(bins))
         bad.update(_media_problems(bins, tokens))
@@ -299,6 +307,30 @@ def _repeated_samples(bins: pa.Table) -> np.ndarray:
     repeated = np.zeros(bins.num_rows, bool)
     repeated[pairs["bin"].to_numpy()[pairs["count_all"].to_numpy() > 1]] = True
     return repeated
+
+
+def _broken_pairs(bins: pa.Table) -> np.ndarray:
+    """Bins where a pair side is not next to its other side: ``<id>-chosen`` must be followed,
+    in the same bin, by ``<id>-rejected``, and a side's sample id must name that side."""
+    ids = pc.list_flatten(bins["sample_ids"])
+    sides = pc.list_flatten(bins["sample_pair_sides"])
+    owner = owner_of_elements(list_lengths(bins["sample_ids"]))
+    if not len(ids):
+        return np.zeros(bins.num_rows, bool)
+    chosen, rejected = (pc.fill_null(pc.equal(sides, side), False).to_numpy(zero_copy_only=False)
+                        for side in schemas.PAIR_SIDES)  # fmt: skip
+    paired = chosen | rejected
+    pair_ids = pc.replace_substring_regex(ids, "-(chosen|rejected)$", "").to_numpy(zero_copy_only=False)
+    named = pc.equal(ids, pc.binary_join_element_wise(pair_ids, pc.fill_null(sides, ""), "-"))
+    wrong = paired & ~pc.fill_null(named, False).to_numpy(zero_copy_only=False)
+    after = np.append(np.arange(1, len(ids)), 0)  # the next sample (wraps; checked by owner)
+    partnered = rejected[after] & (owner[after] == owner) & (pair_ids[after] == pair_ids)
+    wrong |= chosen & ~partnered
+    before = np.roll(np.arange(len(ids)), 1)
+    wrong |= rejected & ~(chosen[before] & (owner[before] == owner) & (pair_ids[before] == pair_ids))
+    broken = np.zeros(bins.num_rows, bool)
+    broken[owner[wrong]] = True
+    return broken
 
 
 def _sequence_problems(bins: pa.Table, tokens: np.ndarray) -> dict[str, np.ndarray]:

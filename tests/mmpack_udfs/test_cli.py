@@ -221,7 +221,6 @@ def test_unknown_mapping_keys_exit_2_before_spark_naming_the_key(
 @pytest.mark.parametrize(
     ("entry", "says"),
     [
-        ({"file_name": "r.json", "ranking": True}, "is a ranking (preference) dataset"),
         ({"hf_hub_url": "someone/x"}, "has no file_name (hf_hub_url): mmpack reads files"),
         ({"file_name": "a.json", "formatting": "sharegpt", "columns": {"tools": "tools"}}, "column(s) tools"),
         ({"file_name": "a.json", "num_samples": 10}, "does not support num_samples"),
@@ -244,3 +243,16 @@ def test_dataset_info_entries_mmpack_cannot_read_exit_2_naming_them(
         cli.main(["normalize", "--config", str(config), "--out", str(tmp_path / "o")]) == cli.EXIT_BAD_CONFIG
     )
     assert "has no entry nope (it has: mine, other)" in capsys.readouterr().err
+
+
+def test_preference_and_sft_datasets_in_one_run_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", no_spark)
+    info = {"pairs": {"file_name": "r.json", "ranking": True}, "sft": {"file_name": "s.json"}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps(info))
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump({"datasets": [{"name": "lf", "dataset_info": ".", "names": ["pairs", "sft"]}]})
+    )
+    assert cli.main(["run", "--config", str(config), "--out", str(tmp_path / "o")]) == cli.EXIT_BAD_CONFIG
+    err = capsys.readouterr().err
+    assert "lf/pairs hold preference pairs (ranking: true) and lf/sft SFT conversations" in err

@@ -415,3 +415,36 @@ def test_content_part_records_give_the_ids_transformers_gives_them(tok):
     ]
     expected = oracle.render_ids(auto_tokenizer(tok), as_transformers, media_oracle_tokens(s, {}))
     assert one(tok, s).input_ids.tolist() == expected
+
+
+def pair(turns, rejected, media=(), system=None, sample_id="pair1"):
+    return {**sample(turns, media, system, sample_id), "rejected": rejected}
+
+
+def test_a_pair_is_two_rows_each_the_conversation_transformers_renders(tok):
+    turns = ["<image> what is it?", "It looks like a red car.", "and the sky?", "Blue, cloudless."]
+    s = pair(turns, "Green, with nothing.", [image(448, 300)], system="Be brief.")
+    done, quarantined = tok.tokenize([s, sample(["q", "a"], sample_id="sft")])
+    assert not quarantined
+    assert [(d.sample_id, d.parent_id, d.pair_side) for d in done] == [
+        ("pair1-chosen", "pair1", "chosen"), ("pair1-rejected", "pair1", "rejected"), ("sft", "sft", None),
+    ]  # fmt: skip
+    media_tokens = [m["num_tokens"] for m in done[0].media]
+    rejected_turns = [*s["turns"][:-1], {"role": "assistant", "text": s["rejected"]}]
+    for row, turns in zip(done[:2], (s["turns"], rejected_turns), strict=True):
+        assert row.input_ids.tolist() == oracle.reference_ids(
+            auto_tokenizer(tok), "Be brief.", turns, media_tokens
+        )
+        assert supervised_text(tok, row) == turns[-1]["text"] + "<|im_end|>"  # the final answer only
+        assert row.media == done[0].media  # the same image, at the same place
+    assert supervised_text(tok, done[2]) == "a<|im_end|>"
+
+
+def test_a_pair_over_max_tokens_together_is_quarantined_never_cut():
+    s = pair(["question " * 20, "yes " * 30], "no " * 30)
+    fits = one(make_tokenizer(max_tokens=1000), {**s, "rejected": None})  # the chosen side alone
+    for policy in ("drop", "truncate", "split"):
+        tok = make_tokenizer(max_tokens=len(fits.input_ids) + 5, over_length=policy)
+        done, quarantined = tok.tokenize([s])
+        assert done == [] and [q["reason"] for q in quarantined] == ["too_long"]
+        assert "pairs are never cut" in quarantined[0]["detail"]
