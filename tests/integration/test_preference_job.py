@@ -127,3 +127,32 @@ def test_every_pair_is_read_exactly_once_per_epoch_across_ranks(run, world, work
             ids = batch.meta["sample_ids"]
             seen.update((ids[c], ids[r]) for c, r in batch.meta["pairs"])
     assert seen == expected and len(set(steps)) == 1
+
+
+def test_weights_and_the_eval_split_move_whole_pairs_and_validate(spark, preference_run, tmp_path):
+    """Packed again with a weight of 2 on one dataset and an evaluation split: a pair's copies
+    go to different bins, each next to its other side; held-out pairs are whole; validate
+    recomputes the mix and finds every row where it belongs."""
+    import shutil
+
+    from mmpack_udfs.config.loading import checked
+    from mmpack_udfs.pack import stage as pack
+
+    out = tmp_path / "out"
+    shutil.copytree(preference_run.output / "tables", out / "tables")
+    config = preference_run.ctx.config.as_dict()
+    datasets = [{**d, "weight": 2.0} if d["name"] == "trl" else d for d in config["datasets"]]
+    ctx = RunContext.of(
+        checked({**config, "datasets": datasets, "output": str(out), "eval": {"fraction": 0.25}})
+    )
+    pack.run(spark, ctx)
+    homes: dict[str, list[int]] = {}
+    for number, b in enumerate(bins(out / "packed")):
+        assert b["sample_pair_sides"] == ["chosen", "rejected"] * (len(b["sample_ids"]) // 2)
+        for chosen in b["sample_ids"][0::2]:
+            homes.setdefault(chosen.removesuffix("-chosen"), []).append(number)
+    held_out = [p.removesuffix("-chosen") for b in bins(out / "packed-eval") for p in b["sample_ids"][0::2]]
+    assert held_out and not set(held_out) & set(homes)  # whole pairs, on one side only
+    twice = [bins_ for bins_ in homes.values() if len(bins_) == 2]
+    assert twice and all(len(set(b)) == 2 for b in twice)  # the weighted pairs: two different bins
+    assert validate.run(spark, ctx)["ok"]

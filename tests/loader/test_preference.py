@@ -127,3 +127,33 @@ def test_each_trainer_refuses_the_other_kind_of_pack(preference_run, packed_demo
         PackedDPOTrainer(
             model=model, args=args, ref_model=tiny_qwen2_vl(), manifest=str(packed_demo / "packed")
         )
+
+
+def test_the_dpo_trainer_evaluates_every_pair_once(preference_run, tmp_path):
+    from torch.utils.data import DataLoader
+    from transformers import TrainingArguments
+
+    from loader.trainer import PackedDPOTrainer
+
+    manifest = str(preference_run.output / "packed")
+    policy, reference = tiny_qwen2_vl(), tiny_qwen2_vl()
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none", per_device_eval_batch_size=2)
+    data = PackedDataset(manifest, shuffle=False)
+    trainer = PackedDPOTrainer(model=policy, args=args, ref_model=reference, beta=BETA, manifest=manifest,
+                               eval_dataset=data)  # fmt: skip
+    metrics = trainer.evaluate()
+    losses, margins = [], []
+    with torch.no_grad():
+        for batch in DataLoader(data, batch_size=2, collate_fn=collate_packed):
+            ref = pair_logprobs(batch, sequence_logprobs(reference.eval(), batch))
+            out = dpo_losses(*pair_logprobs(batch, sequence_logprobs(policy.eval(), batch)), *ref, beta=BETA)
+            losses.append(out.losses)
+            margins.append(out.chosen_rewards - out.rejected_rewards)
+    losses, margins = torch.cat(losses), torch.cat(margins)
+    assert metrics["eval_pairs"] == len(losses) == preference_run.summaries["pack"]["samples"] // 2
+    assert abs(metrics["eval_loss"] - losses.mean().item()) <= 1e-5
+    assert abs(metrics["eval_rewards/margin"] - margins.mean().item()) <= 1e-5
+    assert metrics["eval_rewards/accuracy"] == (margins > 0).double().mean().item()
