@@ -59,21 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_split=args.eval,
         callbacks=[TRAINER.StopAfter(args.stop_after)] if args.stop_after else None,
     )
-    if training.process_index == 0:
-        batches = trainer.train_dataset.num_batches(args.bins_per_micro_batch, args.workers)
-        print(f"{training.world_size} rank(s), {batches} micro-batches per rank per epoch")
-    result = trainer.train(resume_from_checkpoint=True if args.resume else None)
-    stopped = bool(args.stop_after) and result.global_step >= args.stop_after
-    if not stopped:
-        trainer.save_model(str(Path(args.out) / "final"))
-    if training.process_index == 0:
-        done = f"stopped after step {result.global_step}" if stopped else f"finished {args.epochs} epoch(s)"
-        print(f"{done}, {result.global_step} steps, DPO loss {result.training_loss:.4f} per pair")
-    if args.eval and not stopped:
-        metrics = trainer.evaluate()
-        if training.process_index == 0:
-            print("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
-    return 0
+    return TRAINER.train_and_report(trainer, args, training, "DPO loss {:.4f} per pair")
 
 
 if __name__ == "__main__":

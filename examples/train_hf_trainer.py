@@ -98,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         eval_split=args.eval,
         callbacks=[StopAfter(args.stop_after)] if args.stop_after else None,
     )
+    return train_and_report(trainer, args, training, "loss {:.4f} per supervised token")
+
+
+def train_and_report(trainer, args: argparse.Namespace, training: TrainingArguments, loss_format: str) -> int:
+    """Train (resuming with ``--resume``), save the final model unless stopped early, print
+    what happened (the loss by ``loss_format``) and evaluate with ``--eval``."""
     if training.process_index == 0:
         batches = trainer.train_dataset.num_batches(args.bins_per_micro_batch, args.workers)
         print(f"{training.world_size} rank(s), {batches} micro-batches per rank per epoch")
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if stopped:
             print(f"stopped after step {result.global_step}")
         else:
-            loss = f"loss {result.training_loss:.4f} per supervised token"
+            loss = loss_format.format(result.training_loss)
             print(f"finished {args.epochs} epoch(s), {result.global_step} steps, {loss}")
     if args.eval and not stopped:
         metrics = trainer.evaluate()

@@ -252,9 +252,17 @@ class PackedTrainerMixin:
     def get_batch_samples(
         self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
     ) -> tuple[list[PackedBatch], torch.Tensor | None]:
-        """The optimizer step's micro-batches and its supervised tokens across ranks."""
+        """The optimizer step's micro-batches and what its loss is divided by (``step_normaliser``)."""
         batches = _step_batches(epoch_iterator, num_batches)
-        return batches, step_supervised_tokens(batches, device) if batches else None
+        return batches, self.step_normaliser(batches, device) if batches else None
+
+    def step_normaliser(self, batches: list[PackedBatch], device: torch.device) -> torch.Tensor:
+        """What an optimizer step's summed loss is divided by: its supervised tokens across ranks."""
+        return step_supervised_tokens(batches, device)
+
+    def summed_micro_batch_loss(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+        """A micro-batch's loss, summed (over its supervised tokens)."""
+        return summed_loss(model, batch)
 
     def _prepare_inputs(self, inputs: PackedBatch) -> PackedBatch:
         batch = inputs.to(self.args.device)
@@ -263,48 +271,58 @@ class PackedTrainerMixin:
         return batch
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _evaluation_data(self, eval_dataset: PackedDataset | None) -> PackedDataset:
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError(f"no evaluation data: {type(self).__name__}(eval_split=True) or eval_dataset=")
-        return dataset
-
-    def _evaluation_loader(self, dataset: PackedDataset) -> StatefulDataLoader:
-        return StatefulDataLoader(
-            dataset,
-            batch_size=self.args.per_device_eval_batch_size,
-            collate_fn=collate_packed,
-            num_workers=self.args.dataloader_num_workers,
-        )
-
     def evaluate(
         self,
         eval_dataset: PackedDataset | None = None,
         ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval",
     ) -> dict[str, float]:
-        """Loss per supervised token over the whole evaluation split, and per dataset; logged
-        and handed to the callbacks like Trainer's own metrics."""
-        dataset = self._evaluation_data(eval_dataset)
-        loader = self._evaluation_loader(dataset)
+        """Every evaluation sample once across ranks (``evaluation_sums`` per batch, summed and
+        all-reduced, then ``evaluation_metrics``); logged and handed to the callbacks like
+        Trainer's own metrics."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError(f"no evaluation data: {type(self).__name__}(eval_split=True) or eval_dataset=")
+        loader = StatefulDataLoader(
+            dataset,
+            batch_size=self.args.per_device_eval_batch_size,
+            collate_fn=collate_packed,
+            num_workers=self.args.dataloader_num_workers,
+        )
         was_training = self.model.training
         self.model.eval()
-        totals = torch.zeros(2, len(dataset.datasets), dtype=torch.float64, device=self.args.device)
+        totals = None
         with torch.no_grad():
             for batch in loader:
-                inputs = self._prepare_inputs(batch)
-                losses, positions = token_losses(self.model, inputs)
-                totals += dataset_losses(losses, positions, inputs, dataset.datasets)
+                sums = self.evaluation_sums(self._prepare_inputs(batch), dataset)
+                totals = sums if totals is None else totals + sums
+        if totals is None:
+            totals = self.evaluation_sums(None, dataset)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(totals)
         self.model.train(was_training)
-        loss, tokens = totals.sum(dim=1).tolist()
-        metrics = {f"{metric_key_prefix}_loss": loss / max(tokens, 1), f"{metric_key_prefix}_tokens": tokens}
-        for name, (summed, count) in zip(dataset.datasets, totals.T.tolist(), strict=True):
-            if count:
-                metrics[f"{metric_key_prefix}_loss/{name}"] = summed / count
+        metrics = self.evaluation_metrics(totals, dataset, metric_key_prefix)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def evaluation_sums(self, batch: PackedBatch | None, dataset: PackedDataset) -> torch.Tensor:
+        """[2, datasets] float64: per dataset, one batch's summed token loss and supervised tokens
+        (zeros for ``batch`` None)."""
+        if batch is None:
+            return torch.zeros(2, len(dataset.datasets), dtype=torch.float64, device=self.args.device)
+        losses, positions = token_losses(self.model, batch)
+        return dataset_losses(losses, positions, batch, dataset.datasets)
+
+    def evaluation_metrics(
+        self, totals: torch.Tensor, dataset: PackedDataset, prefix: str
+    ) -> dict[str, float]:
+        """``eval_loss`` per supervised token, ``eval_tokens`` and ``eval_loss/<dataset>``."""
+        loss, tokens = totals.sum(dim=1).tolist()
+        metrics = {f"{prefix}_loss": loss / max(tokens, 1), f"{prefix}_tokens": tokens}
+        for name, (summed, count) in zip(dataset.datasets, totals.T.tolist(), strict=True):
+            if count:
+                metrics[f"{prefix}_loss/{name}"] = summed / count
         return metrics
 
     # -- the step -----------------------------------------------------------------------------
@@ -323,10 +341,10 @@ class PackedTrainerMixin:
         num_items_in_batch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if return_outputs:
-            raise ValueError("PackedTrainer computes no outputs: its evaluate() sums losses per token")
-        loss = summed_loss(model, inputs)
+            raise ValueError(f"{type(self).__name__} computes no outputs: its evaluate() sums the losses")
+        loss = self.summed_micro_batch_loss(model, inputs)
         if num_items_in_batch is None:  # one micro-batch on its own
-            num_items_in_batch = step_supervised_tokens([inputs], loss.device)
+            num_items_in_batch = self.step_normaliser([inputs], loss.device)
         return loss * self.accelerator.num_processes / num_items_in_batch.to(loss.dtype)
 
     def _trace(self, batch: PackedBatch) -> None:
@@ -445,12 +463,9 @@ class PackedDPOTrainerMixin(PackedTrainerMixin):
         self.beta = beta
         self._rewards: list[torch.Tensor] = []  # [2, pairs] per micro-batch since the last log
 
-    def get_batch_samples(
-        self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
-    ) -> tuple[list[PackedBatch], torch.Tensor | None]:
-        """The optimizer step's micro-batches and its preference pairs across ranks."""
-        batches = _step_batches(epoch_iterator, num_batches)
-        return batches, step_pairs(batches, device) if batches else None
+    def step_normaliser(self, batches: list[PackedBatch], device: torch.device) -> torch.Tensor:
+        """What an optimizer step's summed loss is divided by: its preference pairs across ranks."""
+        return step_pairs(batches, device)
 
     def dpo(self, model: torch.nn.Module, batch: PackedBatch) -> DPOOutput:
         """The batch's pairs: their DPO losses and rewards (policy ``model``, this reference)."""
@@ -459,20 +474,11 @@ class PackedDPOTrainerMixin(PackedTrainerMixin):
             reference = sequence_logprobs(self.ref_model, batch)
         return dpo_losses(*pair_logprobs(batch, policy), *pair_logprobs(batch, reference), beta=self.beta)
 
-    def compute_loss(
-        self,
-        model: torch.nn.Module,
-        inputs: PackedBatch,
-        return_outputs: bool = False,
-        num_items_in_batch: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if return_outputs:
-            raise ValueError("PackedDPOTrainer computes no outputs: its evaluate() sums losses per pair")
-        out = self.dpo(model, inputs)
+    def summed_micro_batch_loss(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+        """A micro-batch's DPO loss, summed over its pairs (their rewards are kept for the log)."""
+        out = self.dpo(model, batch)
         self._rewards.append(torch.stack([out.chosen_rewards, out.rejected_rewards]).cpu())
-        if num_items_in_batch is None:  # one micro-batch on its own
-            num_items_in_batch = step_pairs([inputs], out.losses.device)
-        return out.losses.sum() * self.accelerator.num_processes / num_items_in_batch.to(out.losses.dtype)
+        return out.losses.sum()
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if "loss" in logs and self._rewards:
@@ -480,38 +486,28 @@ class PackedDPOTrainerMixin(PackedTrainerMixin):
             self._rewards = []
         super().log(logs, *args, **kwargs)
 
-    def evaluate(
-        self,
-        eval_dataset: PackedDataset | None = None,
-        ignore_keys: list[str] | None = None,
-        metric_key_prefix: str = "eval",
+    def evaluation_sums(self, batch: PackedBatch | None, dataset: PackedDataset) -> torch.Tensor:
+        """[4] float64: one batch's summed DPO loss, pairs, pairs whose chosen reward is the
+        higher, and summed reward margin (zeros for ``batch`` None)."""
+        if batch is None:
+            return torch.zeros(4, dtype=torch.float64, device=self.args.device)
+        out = self.dpo(self.model, batch)
+        margin = (out.chosen_rewards - out.rejected_rewards).to(torch.float64)
+        figures = [out.losses.sum(), torch.tensor(len(margin)), (margin > 0).sum(), margin.sum()]
+        return torch.stack([f.to(device=self.args.device, dtype=torch.float64) for f in figures])
+
+    def evaluation_metrics(
+        self, totals: torch.Tensor, dataset: PackedDataset, prefix: str
     ) -> dict[str, float]:
-        """The mean DPO loss over every evaluation pair (once across ranks), and the rewards'
-        accuracy and margin, all-reduced; logged and handed to the callbacks."""
-        loader = self._evaluation_loader(self._evaluation_data(eval_dataset))
-        was_training = self.model.training
-        self.model.eval()
-        totals = torch.zeros(4, dtype=torch.float64, device=self.args.device)  # loss, pairs, right, margin
-        with torch.no_grad():
-            for batch in loader:
-                out = self.dpo(self.model, self._prepare_inputs(batch))
-                margin = (out.chosen_rewards - out.rejected_rewards).to(torch.float64)
-                figures = [out.losses.sum(), torch.tensor(len(margin)), (margin > 0).sum(), margin.sum()]
-                totals += torch.stack([f.to(device=totals.device, dtype=torch.float64) for f in figures])
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(totals)
-        self.model.train(was_training)
+        """The mean DPO loss over every evaluation pair, the rewards' accuracy and margin."""
         loss, pairs, right, margin = totals.tolist()
-        pairs = max(pairs, 1.0)
-        metrics = {
-            f"{metric_key_prefix}_loss": loss / pairs,
-            f"{metric_key_prefix}_pairs": pairs,
-            f"{metric_key_prefix}_rewards/accuracy": right / pairs,
-            f"{metric_key_prefix}_rewards/margin": margin / pairs,
+        per_pair = 1 / max(pairs, 1.0)
+        return {
+            f"{prefix}_loss": loss * per_pair,
+            f"{prefix}_pairs": pairs,
+            f"{prefix}_rewards/accuracy": right * per_pair,
+            f"{prefix}_rewards/margin": margin * per_pair,
         }
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
 
 
 def _reward_metrics(rewards: torch.Tensor, prefix: str) -> dict[str, float]:
