@@ -34,15 +34,16 @@ class DPOOutput(NamedTuple):
 
 
 def sequence_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """[len(meta["sample_ids"])] float32: each sample's summed log-probability of its supervised
-    tokens, from one forward with logits only where a label is supervised (``token_losses``).
+    """[len(meta["sample_ids"])] float64: each sample's summed log-probability of its supervised
+    tokens (summed in float64: a long answer's sum keeps its precision), from one forward
+    with logits only where a label is supervised (``token_losses``).
     Each token's sequence comes from ``cu_seq_lens_q``; fillers, padding and idle media are
     sequences of their own without supervised tokens."""
     losses, positions = token_losses(model, batch)
     cu = batch["cu_seq_lens_q"].to(device=losses.device, dtype=torch.int64)
     sequence = torch.searchsorted(cu, positions, right=True) - 1
-    per_sequence = torch.zeros(len(cu) - 1, dtype=losses.dtype, device=losses.device)
-    per_sequence = per_sequence.index_add(0, sequence, -losses)
+    per_sequence = torch.zeros(len(cu) - 1, dtype=torch.float64, device=losses.device)
+    per_sequence = per_sequence.index_add(0, sequence, -losses.to(torch.float64))
     return per_sequence[torch.tensor(batch.meta["sample_sequences"], dtype=torch.int64, device=losses.device)]
 
 

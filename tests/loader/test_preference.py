@@ -47,7 +47,8 @@ def logprobs_alone(model, batch) -> torch.Tensor:
         ids, labels = batch["input_ids"][0, a:b], batch["labels"][0, a:b]
         logits = alone(model, ids, labels, media).logits[0]
         supervised = labels[1:] != -100
-        out.append(-F.cross_entropy(logits[:-1][supervised].float(), labels[1:][supervised], reduction="sum"))
+        losses = F.cross_entropy(logits[:-1][supervised].float(), labels[1:][supervised], reduction="none")
+        out.append(-losses.double().sum())
     return torch.stack(out)[torch.tensor(batch.meta["sample_sequences"])]
 
 
