@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine
+from bench.common import machine, parse_with_smoke
 from loader import balance, plan
 from mmpack_udfs import config as mmconfig
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
@@ -119,7 +119,8 @@ def main() -> None:
     parser.add_argument("--demo-out", type=Path, default=Path("demo-out"))
     parser.add_argument("--samples", type=int, default=400_000, help="synthetic samples for (b)")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--planning-bins", type=int, default=1_000_000, help="bins of the planning timing")
+    args = parse_with_smoke(parser, samples=3000, planning_bins=5000, demo_out=Path("no-demo"))
     defaults = mmconfig.load_config()
     model = {name: costs.CostModel.for_profile(defaults, name) for name in ("qwen2_vl", "internvl")}
     cases = {}
@@ -155,7 +156,7 @@ def main() -> None:
                         flush=True,
                     )
     index, sizes, cost_model = cases["b internvl, 24-tile budget"]
-    bins, seconds = planning_seconds(index, sizes, cost_model, 1_000_000, 64)
+    bins, seconds = planning_seconds(index, sizes, cost_model, args.planning_bins, 64)
     summary = {
         "machine": machine(),
         "results": results,

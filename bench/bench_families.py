@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import OUT, bench_spark, machine
+from common import OUT, bench_spark, machine, parse_with_smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,13 +42,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=50000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, samples=100, rounds=1)
     spark = bench_spark(args.master, driver_memory="6g")
     root = OUT / f"families-data-{args.samples}"
     if (root / ".complete").exists():
         data = demo_data.DemoData(root, root / "mmpack.yaml", 0, 0, 0, 0)
     else:
-        data = demo_data.generate(root, samples=args.samples, seed=0, media_pool=2000)
+        data = demo_data.generate(root, samples=args.samples, seed=0, media_pool=min(2000, args.samples))
         (root / ".complete").write_text("ok")
     out = OUT / "families-run"
     normalize.run(spark, RunContext.of(load_config(data.config, [f"output={out}"])))

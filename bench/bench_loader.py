@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import OUT, machine, moto_server
+from common import OUT, machine, moto_server, parse_with_smoke
 
 from loader import PackedDataset
 
@@ -59,25 +59,39 @@ def upload(endpoint: str, bucket: str, packed: Path, manifest: Path) -> None:
         client.upload_file(str(packed / shard["path"]), bucket, f"packed/{shard['path']}")
 
 
-def ensure_image_demo() -> Path:
+def ensure_image_demo(samples: int) -> Path:
     out = OUT / "loader-demo"
     if not (out / "packed" / "manifest.json").exists():
-        command = [sys.executable, "-m", "mmpack_udfs.cli", "demo", "--out", str(out), "--master", "local[2]"]
+        command = [sys.executable, "-m", "mmpack_udfs.cli", "demo", "--out", str(out), "--master", "local[2]",
+                   "--samples", str(samples)]  # fmt: skip
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return out / "packed"
+
+
+def ensure_text_shards(rows: int) -> Path:
+    """bench_pack_spark.py's text-only shards, written by running it when they are not there."""
+    packed = OUT / "pack-spark" / "packed"
+    if not (packed / "manifest.json").exists():
+        script = Path(__file__).with_name("bench_pack_spark.py")
+        subprocess.run(
+            [sys.executable, str(script), "--rows", str(rows)], check=True, stdout=subprocess.DEVNULL
+        )
+    return packed
 
 
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--s3-shards", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--demo-samples", type=int, default=2000, help="samples of the image demo it packs")
+    parser.add_argument(
+        "--text-rows", type=int, default=1_000_000, help="rows of the text shards, if not there"
+    )
+    args = parse_with_smoke(parser, s3_shards=1, demo_samples=60, text_rows=5000)
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
-    sources = {"text": OUT / "pack-spark" / "packed", "images": ensure_image_demo()}
-    if not (sources["text"] / "manifest.json").exists():
-        sys.exit("run bench/bench_pack_spark.py first (it writes the text-only shards)")
+    sources = {"text": ensure_text_shards(args.text_rows), "images": ensure_image_demo(args.demo_samples)}
     rows = []
     with moto_server() as endpoint:
         s3 = {"endpoint_override": endpoint, "scheme": "http", "region": "us-east-1"}

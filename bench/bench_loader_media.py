@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import OUT, machine
+from common import OUT, machine, parse_with_smoke
 from PIL import Image
 
 from loader import PackedDataset, vision
@@ -42,7 +42,7 @@ VARIANTS = [
 ]
 
 
-def packed_demo(media: str) -> Path:
+def packed_demo(media: str, samples: int) -> Path:
     """The demo packed with ``pack.media`` = ``media`` (the original run is made first)."""
     original = OUT / "loader-media-original"
     if not (original / "packed" / "manifest.json").exists():
@@ -55,6 +55,8 @@ def packed_demo(media: str) -> Path:
             str(original),
             "--master",
             "local[2]",
+            "--samples",
+            str(samples),
         ]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     if media == "original":
@@ -136,8 +138,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bins", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    packed = {media: packed_demo(media) for media in ("original", "prepared")}
+    parser.add_argument("--demo-samples", type=int, default=2000, help="samples of the demo it packs")
+    args = parse_with_smoke(parser, bins=4, rounds=1, demo_samples=60)
+    packed = {media: packed_demo(media, args.demo_samples) for media in ("original", "prepared")}
     packed["today"] = packed["original"]
     sizes = {}
     for media, root in packed.items():

@@ -15,7 +15,7 @@ import json
 import shutil
 import time
 
-from common import OUT, bench_spark, machine
+from common import OUT, bench_spark, machine, parse_with_smoke
 
 from mmpack_udfs.config import load_config
 from mmpack_udfs.demo import data as demo_data
@@ -51,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000])
     parser.add_argument("--master", default="local[2]")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, sizes=[200])
     spark = bench_spark(args.master)
     results = [run_size(spark, n, args.master) for n in args.sizes]
     machine_line = machine()

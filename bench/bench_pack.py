@@ -35,7 +35,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
-from common import OUT, machine
+from common import OUT, machine, parse_with_smoke
 
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--compare", type=int, default=1_000_000)
     parser.add_argument("--budget", type=int, default=16384)
     parser.add_argument("--skip-trl", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, items=20_000, compare=5_000)
 
     lengths = synthetic_lengths(args.items, args.budget)
     print(f"{args.items:,} lengths, mean {lengths.mean():.0f}, budget {args.budget}")

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from common import OUT, bench_spark, machine
+from common import OUT, bench_spark, machine, parse_with_smoke
 
 from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
@@ -88,7 +88,7 @@ def main() -> None:
     )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[2]")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, rows=5000)
 
     out = OUT / "pack-spark"
     started = time.perf_counter()

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import OUT, bench_spark, machine
+from common import OUT, bench_spark, machine, parse_with_smoke
 
 from mmpack_udfs.config import load_config
 from mmpack_udfs.demo import data as demo_data
@@ -97,7 +97,7 @@ def demo_dataset(samples: int) -> demo_data.DemoData:
     done = root / ".complete"
     if done.exists():
         return demo_data.DemoData(root, root / "mmpack.yaml", 0, 0, 0, 0)
-    data = demo_data.generate(root, samples=samples, seed=0, media_pool=2000)
+    data = demo_data.generate(root, samples=samples, seed=0, media_pool=min(2000, samples))
     done.write_text("ok")
     return data
 
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved stage/raw rounds")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, samples=200, rounds=1)
     spark = bench_spark(args.master, driver_memory="6g")
     data = demo_dataset(args.samples)
     out = OUT / "tokenize-run"

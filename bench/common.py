@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import socket
@@ -12,11 +13,24 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from mmpack_udfs.config.model import SparkConfig
 from mmpack_udfs.io.spark import get_spark
 
-OUT = Path(__file__).resolve().parent / "out"
+OUT = Path(os.environ.get("MMPACK_BENCH_OUT") or Path(__file__).resolve().parent / "out")
+
+
+def parse_with_smoke(parser: argparse.ArgumentParser, argv: list[str] | None = None, **tiny: Any):
+    """``parser``'s arguments plus ``--smoke``: the benchmark at tiny sizes (``tiny``: the
+    values it takes then), seconds long. ``make test`` runs every benchmark that way
+    (tests/bench), so a benchmark that breaks fails CI; figures of a smoke run mean nothing."""
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: checks that it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for name, value in tiny.items():
+            setattr(args, name, value)
+    return args
 
 
 def bench_spark(master: str, driver_memory: str = "4g"):
