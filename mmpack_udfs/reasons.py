@@ -100,3 +100,6 @@ TOKENIZE_REASONS = frozenset(
     {Reason.MEDIA_UNSUPPORTED, Reason.TOO_LONG, Reason.NO_SUPERVISED_TOKENS, Reason.TEMPLATE_REFUSES}
 )
 NORMALIZE_REASONS = frozenset(Reason) - TOKENIZE_REASONS
+PREFERENCE_REASONS = frozenset(  # normalize's, for ranking (preference) datasets only
+    {Reason.PREFERENCE_MISSING_SIDE, Reason.PREFERENCE_IDENTICAL_SIDES, Reason.PREFERENCE_MEDIA_MISMATCH}
+)

@@ -54,12 +54,15 @@ def parse_preference(record: Any, spec: DatasetSpec) -> Conversation:
     prompt, chosen, rejected, m = _sides(record, spec)
     _refuse_audio_column(record, m)
     for name, side in (("chosen", chosen), ("rejected", rejected)):
-        if side is None or (isinstance(side[1], str) and not side[1].strip()) or side[1] in ([], None):
+        if side is None or side[1] in ([], None):
             raise Rejected(Reason.PREFERENCE_MISSING_SIDE, f"no {name} answer")
-    system, turns, slots = _turns(record, [*prompt, chosen], m)
-    _check_order(turns)
     chosen_text, chosen_slots = _content(chosen[1], m, "the chosen answer")
     rejected_text, rejected_slots = _content(rejected[1], m, "the rejected answer")
+    for name, text in (("chosen", chosen_text), ("rejected", rejected_text)):
+        if not text.strip():  # also content parts holding only whitespace
+            raise Rejected(Reason.PREFERENCE_MISSING_SIDE, f"the {name} answer is empty or only whitespace")
+    system, turns, slots = _turns(record, [*prompt, chosen], m)
+    _check_order(turns)
     if rejected_text == chosen_text:
         raise Rejected(Reason.PREFERENCE_IDENTICAL_SIDES, "the chosen and rejected answers are the same")
     if chosen_slots != rejected_slots:

@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import media
-from mmpack_udfs.normalize.preference import parse_preference
 from mmpack_udfs.normalize.sharegpt import Blob, DatasetSpec, MediaRef, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
@@ -81,7 +80,7 @@ class RecordNormalizer:
             raise Rejected(Reason(reason), detail)
         record = parse_json(raw["raw"])
         spec = self.specs[raw["dataset"]]
-        conversation = (parse_preference if spec.ranking else parse_record)(record, spec)
+        conversation = parse_record(record, spec)  # a preference pair for a ranking dataset
         found = [self._media(kind, ref, spec, raw.get("blobs") or []) for kind, ref in conversation.media]
         identities, infos = [identity for identity, _ in found], [info for _, info in found]
         return {

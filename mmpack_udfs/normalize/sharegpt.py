@@ -13,6 +13,7 @@ lists (or one item), or a single ``image``: paths, URIs, ``data:`` URIs or inlin
 ``user``, ``assistant``, ``function_call`` (model side) and ``tool`` (observation, user side).
 Audio (an ``audios`` column, ``<audio>`` placeholders, audio parts) is refused: no profile
 encodes it, and dropping it would train answers about sounds the model never heard.
+Records of ``ranking: true`` datasets are preference pairs, read by ``preference.py``.
 """
 
 from __future__ import annotations
@@ -167,7 +168,12 @@ def detect_dialect(record: Mapping[str, Any], spec: DatasetSpec) -> str:
 
 
 def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
-    """Validate one decoded record; raise Rejected with a reason code if it is unusable."""
+    """Validate one decoded record; raise Rejected with a reason code if it is unusable. A
+    ranking dataset's record is a preference pair (``preference.parse_preference``)."""
+    if spec.ranking:
+        from mmpack_udfs.normalize.preference import parse_preference  # it imports this module
+
+        return parse_preference(record, spec)
     if not isinstance(record, dict):
         raise Rejected(Reason.MALFORMED_RECORD, f"expected an object, got {type(record).__name__}")
     dialect = detect_dialect(record, spec)

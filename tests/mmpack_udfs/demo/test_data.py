@@ -33,3 +33,21 @@ def test_media_is_varied_and_real(tmp_path):
     sizes = {Image.open(p).size for p in images}
     assert {p.suffix for p in images} == {".jpg", ".png"} and len(sizes) >= 8
     assert {p.suffix for p in (demo.root / "media" / "videos").iterdir()} == {".mp4", ".avi"}
+
+
+def test_the_preference_demo_is_deterministic_with_real_images(tmp_path):
+    from PIL import Image
+
+    from mmpack_udfs.demo import preference
+
+    a = preference.generate(tmp_path / "a", pairs=12, seed=3)
+    b = preference.generate(tmp_path / "b", pairs=12, seed=3)
+    c = preference.generate(tmp_path / "c", pairs=12, seed=4)
+    da, dc = digest(a.root), digest(c.root)
+    assert da == digest(b.root) and da["data/trl.jsonl"] != dc["data/trl.jsonl"]
+    files = ("data/ranking.jsonl", "data/trl.jsonl", "data/openai_preference.jsonl", "mmpack-dpo.yaml")
+    assert set(files) <= set(da)
+    assert (a.records, a.bad_records) == (12 + 9, 9)  # one bad pair per reason in each of the 3 files
+    for image in (a.root / "media" / "images").iterdir():
+        with Image.open(image) as opened:
+            opened.verify()

@@ -9,10 +9,12 @@ import pytest
 
 from mmpack_udfs.config.model import DatasetConfig
 from mmpack_udfs.errors import ConfigError
+from mmpack_udfs.normalize import media, records
 from mmpack_udfs.normalize.datasets import specs_of
 from mmpack_udfs.normalize.preference import parse_preference
 from mmpack_udfs.normalize.sharegpt import Conversation, DatasetSpec, parse_record, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
+from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_SAMPLE
 
 RANKING = DatasetSpec(name="prefs", paths=("x",), media_root="/m", ranking=True)
 EXPECTED = Conversation(
@@ -92,6 +94,80 @@ def test_openai_preference_fine_tuning_record():
     assert parse_preference(record, RANKING) == EXPECTED
 
 
+def test_llamafactory_openai_formatting_with_string_answers_and_parse_record_dispatch():
+    record = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "<image>What colour is the car?"},
+        ],
+        "chosen": {"role": "assistant", "content": "Red."},
+        "rejected": "Blue.",
+        "images": ["cars/1.jpg"],
+    }
+    assert parse_record(record, RANKING) == parse_preference(record, RANKING) == EXPECTED
+    with pytest.raises(Rejected) as caught:  # the same record as an SFT conversation
+        parse_record(record, DatasetSpec(name="d", paths=("x",), media_root="/m"))
+    assert caught.value.reason == Reason.BROKEN_TURN_ORDER
+
+
+def test_llamafactory_alpaca_ranking_record_with_system_and_images_auto_detected():
+    record = {"instruction": "<image>What colour is the car?", "system": "Be brief.", "chosen": "Red.",
+              "rejected": "Blue.", "images": ["cars/1.jpg"]}  # fmt: skip
+    assert parse_record(record, RANKING) == EXPECTED
+
+
+def test_trl_implicit_prompt_with_content_parts_and_images():
+    ask = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the car?"}]},
+    ]
+    record = {
+        "chosen": [*ask, {"role": "assistant", "content": "Red."}],
+        "rejected": [*ask, {"role": "assistant", "content": [{"type": "text", "text": "Blue."}]}],
+        "images": ["cars/1.jpg"],
+    }
+    assert parse_record(record, RANKING) == EXPECTED
+
+
+def test_renamed_columns_tags_and_placeholders_apply_to_pairs():
+    spec = DatasetSpec(
+        name="p", paths=("x",), media_root="/m", dialect="sharegpt", ranking=True,
+        columns=(("chosen", "better"), ("images", "pics"), ("messages", "dialog"), ("rejected", "worse")),
+        tags=(("assistant", "bot"), ("content_key", "text"), ("image_placeholder", "[img]"),
+              ("role_key", "speaker"), ("user", "me")),
+    )  # fmt: skip
+    record = {
+        "dialog": [{"speaker": "me", "text": "[img]What colour is the car?"}],
+        "better": {"speaker": "bot", "text": "Red."},
+        "worse": "Blue.",
+        "system": "Be brief.",
+        "pics": ["cars/1.jpg"],
+    }
+    assert parse_record(record, spec) == EXPECTED
+    with pytest.raises(Rejected) as caught:  # the answer's role is not the assistant tag
+        parse_record({**record, "worse": {"speaker": "me", "text": "Blue."}}, spec)
+    assert caught.value.reason == Reason.BROKEN_TURN_ORDER
+
+
+def _openai_answer(ref: str, text: str) -> list[dict]:
+    return [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": ref}},
+                                              {"type": "text", "text": text}]}]  # fmt: skip
+
+
+def test_inline_media_in_the_answers_must_be_the_same_on_both_sides():
+    record = {
+        "input": {"messages": [{"role": "user", "content": "Which is the car?"}]},
+        "preferred_output": _openai_answer("cars/1.jpg", "This one."),
+        "non_preferred_output": _openai_answer("cars/1.jpg", "None of them."),
+    }
+    pair = parse_record(record, RANKING)
+    assert pair.media == [("image", "cars/1.jpg")] and pair.turns[-1] == ("assistant", "<image>This one.")
+    assert pair.rejected == "<image>None of them."
+    with pytest.raises(Rejected) as caught:
+        parse_record({**record, "non_preferred_output": _openai_answer("cars/2.jpg", "No.")}, RANKING)
+    assert caught.value.reason == Reason.PREFERENCE_MEDIA_MISMATCH
+
+
 GOOD = {"prompt": "<image>Q?", "chosen": "A.", "rejected": "B.", "images": ["a.jpg"]}
 
 
@@ -103,6 +179,15 @@ GOOD = {"prompt": "<image>Q?", "chosen": "A.", "rejected": "B.", "images": ["a.j
         ({"chosen": []}, Reason.PREFERENCE_MISSING_SIDE),
         ({"rejected": "A."}, Reason.PREFERENCE_IDENTICAL_SIDES),
         ({"chosen": "A. <image>", "images": ["a.jpg", "b.jpg"]}, Reason.PREFERENCE_MEDIA_MISMATCH),
+        ({"chosen": "<image> A.", "rejected": "<video> B."}, Reason.PREFERENCE_MEDIA_MISMATCH),
+        ({"chosen": "<image><video> A.", "rejected": "<video><image> B."}, Reason.PREFERENCE_MEDIA_MISMATCH),
+        ({"chosen": {"role": "assistant", "content": ""}}, Reason.PREFERENCE_MISSING_SIDE),
+        ({"rejected": {"role": "assistant", "content": None}}, Reason.PREFERENCE_MISSING_SIDE),
+        ({"rejected": " \n"}, Reason.PREFERENCE_MISSING_SIDE),
+        ({"rejected": [{"role": "assistant", "content": [{"type": "text", "text": " "}]}]},
+         Reason.PREFERENCE_MISSING_SIDE),
+        ({"chosen": [{"role": "assistant", "content": [{"type": "text", "text": ""}]}]},
+         Reason.PREFERENCE_MISSING_SIDE),
         ({"chosen": [{"role": "assistant", "content": "A."}] * 2}, Reason.MALFORMED_TURN),
         ({"chosen": [{"role": "user", "content": "A."}]}, Reason.BROKEN_TURN_ORDER),
         ({"prompt": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "x"}]},
@@ -127,6 +212,59 @@ def test_media_in_both_answers_alike_is_one_set_of_media():
     record = {**GOOD, "chosen": "See <image>.", "rejected": "Not <image>.", "images": ["a.jpg", "b.jpg"]}
     pair = parse_preference(record, RANKING)
     assert pair.media == [("image", "a.jpg"), ("image", "b.jpg")] and pair.rejected == "Not <image>."
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"input": {"messages": [{"role": "user", "content": "Q"}]}, "preferred_output": "A"},
+        {"conversations": [{"from": "human", "value": "Q"}], "chosen": {"from": "gpt", "value": "A"}},
+        {"instruction": "Q", "rejected": "B"},
+        {"prompt": "Q"},
+    ],
+)
+def test_a_pair_without_one_side_in_any_form_is_missing_a_side(record):
+    with pytest.raises(Rejected) as caught:
+        parse_record(record, RANKING)
+    assert caught.value.reason == Reason.PREFERENCE_MISSING_SIDE
+
+
+def test_a_pair_becomes_one_sample_row_with_its_rejected_answer_and_its_image_once(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "car.jpg")
+    specs = {
+        "dpo": DatasetSpec(name="dpo", paths=("x",), media_root=str(tmp_path), ranking=True),
+        "sft": DatasetSpec(name="sft", paths=("x",), media_root=str(tmp_path)),
+    }
+    normalizer = records.RecordNormalizer(specs, records.NormalizeSettings(media.ProbeSettings()))
+
+    def row(dataset: str, record: dict) -> dict:
+        return normalizer({"dataset": dataset, "source_file": "/in/x.jsonl", "source_position": 0,
+                           "raw": json.dumps(record), "error": None, "records_read": None})  # fmt: skip
+
+    ask = "<image>What colour?"
+    pair = row("dpo", {"prompt": ask, "chosen": "Red.", "rejected": "Blue.", "images": ["car.jpg"]})
+    assert pair["kind"] == ROW_KIND_SAMPLE and set(pair) <= set(NORMALIZED.names), pair
+    assert pair["turns"] == [{"role": "user", "text": ask}, {"role": "assistant", "text": "Red."}]
+    assert pair["rejected"] == "Blue."
+    assert [(m["kind"], m["width"], m["height"]) for m in pair["media"]] == [("image", 64, 48)]
+    messages = [{"role": "user", "content": ask}, {"role": "assistant", "content": "Red."}]
+    sft = row("sft", {"messages": messages, "images": ["car.jpg"]})
+    assert sft["rejected"] is None and sft["turns"] == pair["turns"] and sft["media"] == pair["media"]
+    assert sft["sample_id"] != pair["sample_id"]
+
+
+def test_ranking_and_sft_entries_in_one_config_are_refused_naming_both():
+    entries = [
+        DatasetConfig.model_validate(
+            {"name": "dpo", "paths": ["dpo.jsonl"], "media_root": "m", "ranking": True}
+        ),
+        DatasetConfig.model_validate({"name": "sft", "paths": ["sft.jsonl"], "media_root": "m"}),
+    ]
+    with pytest.raises(ConfigError, match=r"dpo hold preference pairs .* and sft SFT"):
+        specs_of(entries)
+    assert all(spec.ranking for spec in specs_of(entries[:1]).values())
 
 
 def test_the_rejected_answer_enters_the_id_and_sft_ids_are_unchanged():
