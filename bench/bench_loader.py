@@ -28,9 +28,11 @@ from loader import PackedDataset
 
 
 def sub_manifest(packed: Path, shards: int) -> Path:
-    """A manifest beside the original that names only its first ``shards`` shards."""
+    """A manifest beside the original that names only its first ``shards`` shards (and no cost
+    index: the run's covers every shard, so the loader reads these in plain order)."""
     manifest = json.loads((packed / "manifest.json").read_text())
     manifest["shards"] = manifest["shards"][:shards]
+    manifest.pop("cost_index", None)
     path = packed / f"manifest-first-{shards}.json"
     path.write_text(json.dumps(manifest))
     return path

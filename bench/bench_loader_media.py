@@ -90,7 +90,7 @@ def todays_patches(frames: list, item: dict, dtype: str = "float32") -> np.ndarr
     return np.ascontiguousarray(patches.reshape(t * h * w, 1176))
 
 
-def todays_pixels(media: list[dict], storage, pixels) -> dict:
+def todays_pixels(media: list[dict], profile, storage, pixels) -> dict:
     """The loader's per-bin pixels as computed before issue 18: each item's float32 patches
     (``todays_patches``), then one concatenation per kind."""
     out = {}
@@ -108,13 +108,13 @@ def todays_pixels(media: list[dict], storage, pixels) -> dict:
 
 def read(packed: Path, pixel_dtype: str, bins: int, today: bool = False) -> dict:
     """Read ``bins`` bins; ``today``: with the pre-issue-18 decoding (Pillow) and pixels."""
-    saved = vision.simplejpeg, dataset_module._qwen2_vl_pixels
+    saved = vision.simplejpeg, dataset_module._qwen_pixels
     if today:
-        vision.simplejpeg, dataset_module._qwen2_vl_pixels = None, todays_pixels
+        vision.simplejpeg, dataset_module._qwen_pixels = None, todays_pixels
     try:
         return _read(packed, pixel_dtype, bins)
     finally:
-        vision.simplejpeg, dataset_module._qwen2_vl_pixels = saved
+        vision.simplejpeg, dataset_module._qwen_pixels = saved
 
 
 def _read(packed: Path, pixel_dtype: str, bins: int) -> dict:

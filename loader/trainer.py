@@ -198,14 +198,7 @@ class PackedTrainerMixin:
                 f"the dataset reads as rank {train_dataset.rank} of {train_dataset.world_size}, the trainer "
                 f"is rank {args.process_index} of {args.world_size}"
             )
-        if train_dataset.preference != self.trains_pairs:
-            raise ValueError(
-                "the pack holds preference pairs: train it with PackedDPOTrainer (an SFT loss would train "
-                "the rejected answers)"
-                if train_dataset.preference
-                else "the pack holds no preference pairs (datasets with ranking: true): train it with "
-                "PackedTrainer"
-            )
+        self._require_kind(train_dataset, "pack")
         if eval_split:
             if manifest is None:
                 raise ValueError("eval_split=True reads the evaluation pack of manifest=: give it")
@@ -217,6 +210,8 @@ class PackedTrainerMixin:
                 "PackedTrainer evaluates a PackedDataset (split='eval' or a manifest of its own), got "
                 f"{type(eval_dataset).__name__}"
             )
+        if eval_dataset is not None:
+            self._require_kind(eval_dataset, "evaluation pack")
         require_sample_isolation(model)
         settings = idle_media_settings(model.config)
         if idle_media and settings is None:
@@ -229,6 +224,19 @@ class PackedTrainerMixin:
         self.trace_path = f"{trace}.rank{args.process_index}" if trace else None
         self.epoch_batches: EpochBatches | None = None
         self._loader_state: dict[str, Any] | None = None
+
+    def _require_kind(self, dataset: PackedDataset, what: str) -> None:
+        """Refuse a preference pack under an SFT loss, and a pack without pairs under DPO."""
+        if dataset.preference and not self.trains_pairs:
+            raise ValueError(
+                f"the {what} holds preference pairs: train it with PackedDPOTrainer (an SFT loss would "
+                "train the rejected answers)"
+            )
+        if self.trains_pairs and not dataset.preference:
+            raise ValueError(
+                f'the {what} holds no preference pairs (its manifest has no "preference": true; '
+                "datasets with ranking: true make pairs): train it with PackedTrainer"
+            )
 
     # -- data ---------------------------------------------------------------------------------
     def get_train_dataloader(self) -> EpochBatches:
@@ -283,6 +291,7 @@ class PackedTrainerMixin:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError(f"no evaluation data: {type(self).__name__}(eval_split=True) or eval_dataset=")
+        self._require_kind(dataset, "evaluation pack")
         loader = StatefulDataLoader(
             dataset,
             batch_size=self.args.per_device_eval_batch_size,
