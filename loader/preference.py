@@ -56,13 +56,13 @@ def pair_logprobs(batch: PackedBatch, per_sample: torch.Tensor) -> tuple[torch.T
 def dpo_losses(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
-    reference_chosen: torch.Tensor,
-    reference_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
     beta: float = 0.1,
 ) -> DPOOutput:
     """The sigmoid DPO loss of each pair (Rafailov et al. 2023) and its implicit rewards."""
-    chosen = policy_chosen - reference_chosen
-    rejected = policy_rejected - reference_rejected
+    chosen = policy_chosen - ref_chosen
+    rejected = policy_rejected - ref_rejected
     losses = -F.logsigmoid(beta * (chosen - rejected))
     return DPOOutput(losses, beta * chosen.detach(), beta * rejected.detach())
 
