@@ -1,38 +1,20 @@
 """The package as a platform installs it: the wheel alone in a fresh virtualenv (no source
 checkout on the path), and that virtualenv packed by venv-pack running a spark-submit job.
-Slow: pip installs the wheel's `spark` extra (from the registry, or pip's cache)."""
+Slow: the `installed` fixture pip-installs the wheel's `spark` extra."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import tarfile
-import venv
 from pathlib import Path
 
 import pytest
 
-from tools import make_dist
+from tests.integration.conftest import clean_env
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A fresh virtualenv holding the wheel with its spark extra, and venv-pack."""
-    root = tmp_path_factory.mktemp("wheel")
-    wheel = make_dist.build_wheel(root / "dist")
-    env = root / "env"
-    venv.create(env, with_pip=True)
-    pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[spark]", "venv-pack"]
-    subprocess.run(pip, check=True, timeout=1200)
-    return env
-
-
-def clean_env(home: Path) -> dict[str, str]:
-    """A shell with no virtualenv, no PYTHONPATH and no checkout: what a platform job gets."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
 
 
 def test_mmpack_runs_from_the_wheel_without_a_checkout(installed, tmp_path):
@@ -49,15 +31,13 @@ def test_mmpack_runs_from_the_wheel_without_a_checkout(installed, tmp_path):
     assert manifest["totals"]["bins"] > 0 and (tmp_path / "out" / "report" / "lengths.png").stat().st_size
 
 
-def test_the_venv_pack_archive_runs_a_spark_submit_job(installed, tmp_path):
+def test_the_venv_pack_archive_runs_a_spark_submit_job(env_archive, tmp_path):
     """Spark's local mode unpacks `--archives` into its SparkFiles folder, not the working
     directory, so `./environment/bin/python` does not exist there (YARN and Kubernetes
     unpack it in each container's working directory): the archive is unpacked here as a
     container would, and every Python of the job is the unpacked one."""
-    archive = tmp_path / "mmpack-env.tar.gz"
-    subprocess.run([installed / "bin" / "venv-pack", "--quiet", "-p", installed, "-o", archive], check=True)
     environment = tmp_path / "environment"
-    with tarfile.open(archive) as tar:
+    with tarfile.open(env_archive) as tar:
         tar.extractall(environment, filter="fully_trusted")  # venv-pack's own links stay as they are
     python = environment / "bin" / "python"
     env = {**clean_env(tmp_path), "PYSPARK_PYTHON": str(python)}

@@ -1,0 +1,113 @@
+"""mmpack on a real multi-process Spark cluster (a standalone master and two workers on
+loopback): what local mode cannot show. Executors run in their workers' directories, not the
+driver's; the README's spark-submit recipe ships the venv-pack archive to them; an s3://
+model directory is fetched by each executor; an executor killed mid-tokenize is replaced, its
+tasks retried, and the shards are still byte-identical to a local[2] run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import boto3
+import pytest
+
+from mmpack_udfs import cli
+from mmpack_udfs.demo import data as demo_data
+from tests.conftest import PACKED_DEMO_SETTINGS
+from tests.integration.conftest import clean_env
+from tests.integration.standalone import ExecutorKiller, free_port, start_cluster
+from tests.models.build import build_model_dir
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "mmpack_job.py"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = start_cluster(tmp_path_factory.mktemp("standalone"))
+    yield cluster
+    cluster.stop()
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "packed" / "manifest.json").read_text())
+
+
+def assert_same_shards(out: Path, reference: Path) -> None:
+    ours, theirs = manifest(out), manifest(reference)
+    assert [s["sha256"] for s in ours["shards"]] == [s["sha256"] for s in theirs["shards"]]
+    assert ours["totals"] == theirs["totals"]
+
+
+def test_an_executor_killed_mid_tokenize_still_gives_identical_shards(cluster, s3_bucket, tmp_path):
+    """Demo data large enough for tokenize tasks of several seconds. Also: the model
+    directory is an s3:// prefix, and the driver's copy lies under a relative cache path that
+    does not exist in an executor's working directory, so each executor fetches its own."""
+    endpoint, bucket = s3_bucket
+    demo = demo_data.generate(tmp_path / "demo", samples=1000, seed=3)
+    model = build_model_dir("qwen2_5_vl", tmp_path / "model")
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    for file in model.iterdir():
+        client.upload_file(str(file), bucket, f"models/qwen2_5_vl/{file.name}")
+    settings = [f"tokenize.model=s3://{bucket}/models/qwen2_5_vl", f"s3.endpoint_override={endpoint}",
+                *PACKED_DEMO_SETTINGS]  # fmt: skip
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    local = tmp_path / "local"
+    reference = ["run", "--config", str(demo.config), "--out", str(local), "--master", "local[2]"]
+    assert cli.main([*reference, *sets]) == 0
+
+    driver, executor_cache, ui_port = tmp_path / "driver", tmp_path / "executor-cache", free_port()
+    driver.mkdir()
+    command = [sys.executable, "-m", "mmpack_udfs.cli", "run", "--config", str(demo.config),
+               "--out", str(tmp_path / "cluster"), "--master", cluster.url, *sets,
+               "--set", f"spark.conf.spark.ui.port={ui_port}",
+               "--set", f"spark.conf.spark.executorEnv.MMPACK_CACHE={executor_cache}"]  # fmt: skip
+    killer = ExecutorKiller(ui_port, "tokenize")
+    killer.start()
+    env = {**os.environ, "MMPACK_CACHE": "driver-cache"}  # relative to the driver's directory
+    run = subprocess.run(command, cwd=driver, env=env, capture_output=True, text=True, timeout=900)
+    killer.done.set()
+    killer.join()
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert killer.killed is not None, "no executor was busy during tokenize"
+    assert "failed attempts (retried)" in run.stderr, run.stderr  # mmpack progress saw the retry
+    assert_same_shards(tmp_path / "cluster", local)
+
+    assert list((driver / "driver-cache" / "models").glob("*/tokenizer.json"))
+    assert list((executor_cache / "models").glob("*/tokenizer.json"))  # fetched by an executor
+    executors = cluster.executor_dirs()
+    assert {d.parents[1] for d in executors} == set(cluster.work_dirs)  # both workers ran executors
+    assert not any(d.is_relative_to(driver) for d in executors)
+
+
+def test_the_readme_spark_submit_recipe_with_the_venv_pack_archive(
+    cluster, env_archive, demo, packed_demo, tmp_path
+):
+    """README "On a cluster": every stage submitted with ``--archives
+    mmpack-env.tar.gz#environment`` and ``spark.pyspark.python=./environment/bin/python``,
+    from a shell whose only virtualenv is the archive's, unpacked in the driver's directory as
+    on an edge node. Executors unpack the archive in their own directories."""
+    submit_dir = tmp_path / "submit"
+    with tarfile.open(env_archive) as tar:
+        tar.extractall(submit_dir / "environment", filter="fully_trusted")
+    sets = [arg for setting in PACKED_DEMO_SETTINGS for arg in ("--set", setting)]
+    shell = clean_env(tmp_path)
+    shell["PATH"] = f"{submit_dir / 'environment' / 'bin'}:{shell['PATH']}"  # the archive's env, activated
+    out = tmp_path / "out"
+    for job in [*cli.PIPELINE, "validate"]:
+        command = ["environment/bin/spark-submit", "--master", cluster.url, "--total-executor-cores", "1",
+                   "--archives", f"{env_archive}#environment",
+                   "--conf", "spark.pyspark.python=./environment/bin/python",
+                   str(JOB), job, "--config", str(demo.config), "--out", str(out), *sets]  # fmt: skip
+        run = subprocess.run(command, cwd=submit_dir, env=shell, capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, f"{job}: {run.stderr[-3000:]}"
+    assert json.loads((out / "report" / "validate.json").read_text())["ok"]
+    assert_same_shards(out, packed_demo)
+    unpacked = [d for d in cluster.executor_dirs() if (d / "environment" / "bin" / "python").exists()]
+    assert len(unpacked) >= len(cli.PIPELINE)  # each stage's executor unpacked its own copy
