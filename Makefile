@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-loader bench-loader-media bench-balance clean
+.PHONY: setup java browser demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance clean
 
 setup: java $(STAMP)
 
@@ -90,6 +90,12 @@ bench-pack: setup
 
 bench-pack-spark: setup
 	$(BIN)/python bench/bench_pack_spark.py --rows 1000000
+
+# pack at 1 M, 3 M and 10 M rows (driver memory per row), then end to end at 10 k and 100 k
+# samples with realistic media use (peak memory per process kind); about 40 min on 2 cores
+bench-scale: setup
+	for rows in 1000000 3000000 10000000; do $(BIN)/python bench/bench_pack_spark.py --rows $$rows --driver-memory 8g || exit 1; done
+	for samples in 10000 100000; do $(BIN)/python bench/bench_end_to_end.py --samples $$samples --media-reuse 0.1 || exit 1; done
 
 bench-balance: setup
 	$(BIN)/python bench/bench_balance.py

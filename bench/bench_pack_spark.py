@@ -10,7 +10,8 @@
    to its place and the shuffle by shard, shard assembly and writing (zstd), manifest,
    cost index, report.
 3. Compares the fill with a plain FFD over the same lengths (the same packing now).
-Results: bench/out/pack_spark.json; copy the line into bench/RESULTS.md.
+Results: bench/out/pack_spark-ROWS.json (with the peak resident memory of the driver's
+Python and JVM, and of the Python workers); copy the line into bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from common import OUT, bench_spark, machine, parse_with_smoke
+from common import OUT, PeakMemory, bench_spark, machine, parse_with_smoke
 
 from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
@@ -88,6 +89,7 @@ def main() -> None:
     )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="6g", help="spark.driver.memory (the JVM's heap)")
     args = parse_with_smoke(parser, rows=5000)
 
     out = OUT / "pack-spark"
@@ -95,12 +97,16 @@ def main() -> None:
     lengths = synthetic_table(out, args.rows)
     took = time.perf_counter() - started
     print(f"tokenized table: {args.rows:,} rows, {lengths.sum():,} tokens ({took:.1f} s)")
-    spark = bench_spark(args.master, driver_memory="6g")
+    memory = PeakMemory()
+    memory.start()
+    spark = bench_spark(args.master, driver_memory=args.driver_memory)
     config = load_config(None, [f"output={out}", "run_id=bench-pack"])
     shutil.rmtree(out / "packed", ignore_errors=True)
     started = time.perf_counter()
     summary = pack.run(spark, RunContext.of(config))
     seconds = time.perf_counter() - started
+    memory.stop.set()
+    memory.join()
     budget = summary["budget"]
     global_bins = first_fit_decreasing(lengths, budget).num_bins
     result = {
@@ -117,9 +123,13 @@ def main() -> None:
         "global_ffd_bins": global_bins,
         "global_ffd_fill": round(int(lengths.sum()) / (global_bins * budget), 6),
         "shard_bytes": summary["bytes"],
+        "driver_memory": args.driver_memory,
+        "peak_memory_gib": memory.gib(),
+        "peak_driver_python_bytes_per_row": round(memory.peak["driver"] / args.rows, 1),
+        "peak_jvm_bytes_per_row": round(memory.peak["jvm"] / args.rows, 1),
     }
     print(json.dumps(result, indent=2))
-    (OUT / "pack_spark.json").write_text(json.dumps(result, indent=2))
+    (OUT / f"pack_spark-{args.rows}.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,9 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from mmpack_udfs.config.model import SparkConfig
 from mmpack_udfs.io.spark import get_spark
 
+GIB = 1 << 30
 OUT = Path(os.environ.get("MMPACK_BENCH_OUT") or Path(__file__).resolve().parent / "out")
 
 
@@ -72,3 +76,38 @@ def moto_server() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+class PeakMemory(threading.Thread):
+    """Samples the resident memory of this process and its descendants every ``every`` s;
+    keeps the peak per kind: driver (this Python), jvm, worker (one Python worker),
+    workers (all Python workers at once)."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.every, self.stop = every, threading.Event()
+        self.peak = {"driver": 0, "jvm": 0, "worker": 0, "workers": 0}
+
+    def run(self) -> None:
+        me = psutil.Process()
+        while not self.stop.is_set():
+            workers = 0
+            self._keep("driver", me.memory_info().rss)
+            for child in me.children(recursive=True):
+                try:
+                    kind, rss = child.name(), child.memory_info().rss
+                except psutil.Error:
+                    continue
+                if kind == "java":
+                    self._keep("jvm", rss)
+                elif kind.startswith("python"):
+                    self._keep("worker", rss)
+                    workers += rss
+            self._keep("workers", workers)
+            time.sleep(self.every)
+
+    def _keep(self, kind: str, rss: int) -> None:
+        self.peak[kind] = max(self.peak[kind], rss)
+
+    def gib(self) -> dict[str, float]:
+        return {kind: round(value / GIB, 3) for kind, value in self.peak.items()}

@@ -207,7 +207,9 @@ def run_demo_data(args: argparse.Namespace) -> int:
         print(f"preference demo: {pairs.records} records ({pairs.bad_records} bad) under {pairs.root}; "
               f"config: {pairs.config}")  # fmt: skip
         return EXIT_OK
-    demo = demo_data.generate(args.dir, samples=args.samples, seed=args.seed)
+    if args.media_reuse is not None and not 0 <= args.media_reuse < 1:
+        raise ConfigError(f"--media-reuse must be at least 0 and below 1, not {args.media_reuse}")
+    demo = demo_data.generate(args.dir, samples=args.samples, seed=args.seed, media_reuse=args.media_reuse)
     print(
         f"demo data: {demo.records} records ({demo.bad_records} bad, {demo.duplicates} duplicates) "
         f"under {demo.root}; config: {demo.config}"
@@ -310,6 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="directory to write the dataset into")
     p.add_argument("--samples", type=int, default=2000, help="good records to generate (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--media-reuse",
+        type=float,
+        metavar="R",
+        help="a new media file per reference except a fraction R (0 ≤ R < 1) that repeat one already "
+        "used, as in real data (default: a small pool, each file used many times)",
+    )
     p.add_argument(
         "--preference",
         action="store_true",

@@ -76,18 +76,31 @@ class DemoData:
 
 
 def generate(
-    out_dir: str | os.PathLike, samples: int = 2000, seed: int = 0, media_pool: int | None = None
+    out_dir: str | os.PathLike,
+    samples: int = 2000,
+    seed: int = 0,
+    media_pool: int | None = None,
+    media_reuse: float | None = None,
 ) -> DemoData:
-    """Write the demo dataset under ``out_dir``; return where things are and what to expect."""
+    """Write the demo dataset under ``out_dir``; return where things are and what to expect.
+
+    Media come from a pool of ``media_pool`` images (default ``samples / 8``, at most 1500)
+    drawn uniformly, so each is used many times; with ``media_reuse`` (0 ≤ r < 1) instead,
+    each media reference is a new file except a fraction ``r`` that repeat one already used,
+    as in real datasets where most images appear once."""
     root = Path(out_dir).resolve()
     rng = random.Random(seed)
-    n_images = media_pool or min(max(samples // 8, 24), 1500)
-    n_videos = max(n_images // 12, 4)
-    images = [_write_image(root, i, rng) for i in range(n_images)]
-    videos = [_write_video(root, i, rng) for i in range(n_videos)]
+    if media_reuse is None:
+        n_images = media_pool or min(max(samples // 8, 24), 1500)
+        media = MediaSource(root, rng, n_images, max(n_images // 12, 4))
+    else:
+        if not 0 <= media_reuse < 1:
+            raise ValueError(f"media_reuse must be in [0, 1), not {media_reuse}")
+        media = MediaSource(root, random.Random(seed + 1), 24, 4, media_reuse)
+    images, videos = media.images, media.videos
     bad = _write_bad_media(root)
 
-    good = [_conversation(rng, images, videos) for _ in range(samples - 3)]
+    good = [_conversation(rng, media) for _ in range(samples - 3)]
     good += _tokenize_edge_records(rng, bad)
     n_dups = max(samples // 50, 1)
     good += [dict(good[rng.randrange(samples)]) for _ in range(n_dups)]
@@ -107,6 +120,35 @@ def generate(
 
 
 # --- media ---------------------------------------------------------------------------
+
+
+class MediaSource:
+    """The media files records refer to: a fixed pool drawn uniformly (``reuse`` None), or a
+    new file per reference except a ``reuse`` fraction that repeat one already written."""
+
+    def __init__(
+        self, root: Path, rng: random.Random, n_images: int, n_videos: int, reuse: float | None = None
+    ) -> None:
+        self.root, self.rng, self.reuse = root, rng, reuse
+        self.images = [_write_image(root, i, rng) for i in range(n_images)]
+        self.videos = [_write_video(root, i, rng) for i in range(n_videos)]
+
+    def image(self, rng: random.Random) -> str:
+        """An image reference (``rng`` draws from the fixed pool; the source's own rng otherwise)."""
+        if self.reuse is None:
+            return rng.choice(self.images)
+        if self.rng.random() >= self.reuse:
+            self.images.append(_write_image(self.root, len(self.images), self.rng))
+            return self.images[-1]
+        return self.rng.choice(self.images)
+
+    def video(self, rng: random.Random) -> str:
+        if self.reuse is None:
+            return rng.choice(self.videos)
+        if self.rng.random() >= self.reuse:
+            self.videos.append(_write_video(self.root, len(self.videos), self.rng))
+            return self.videos[-1]
+        return self.rng.choice(self.videos)
 
 
 def _write_image(root: Path, index: int, rng: random.Random) -> str:
@@ -222,7 +264,7 @@ def _sentence(rng: random.Random, long: bool = False) -> str:
     return " ".join(words).capitalize() + "."
 
 
-def _conversation(rng: random.Random, images: list[str], videos: list[str]) -> dict:
+def _conversation(rng: random.Random, source: MediaSource) -> dict:
     """One ShareGPT record (sharegpt dialect); converted to others by _to_openai/_to_custom."""
     n_images = rng.choices([0, 1, 2, 3, 5], weights=[35, 40, 12, 8, 5])[0]
     n_videos = 1 if rng.random() < 0.12 else 0
@@ -238,9 +280,9 @@ def _conversation(rng: random.Random, images: list[str], videos: list[str]) -> d
     record: dict = {"conversations": turns}
     if rng.random() < 0.3:
         record["system"] = "You are a helpful assistant. " + _sentence(rng)
-    record["images"] = [rng.choice(images) for _ in range(n_images)]
+    record["images"] = [source.image(rng) for _ in range(n_images)]
     if n_videos:
-        record["videos"] = [rng.choice(videos) for _ in range(n_videos)]
+        record["videos"] = [source.video(rng) for _ in range(n_videos)]
     return record
 
 

@@ -1,4 +1,7 @@
 import hashlib
+import json
+import re
+from collections import Counter
 
 from mmpack_udfs.demo import data as demo_data
 
@@ -51,3 +54,26 @@ def test_the_preference_demo_is_deterministic_with_real_images(tmp_path):
     for image in (a.root / "media" / "images").iterdir():
         with Image.open(image) as opened:
             opened.verify()
+
+
+def image_references(root) -> Counter:
+    """How often each image file is referenced by the demo's records (all three files)."""
+    import pyarrow.parquet as pq
+
+    text = (root / "data" / "sharegpt.jsonl").read_text() + (root / "data" / "openai.json").read_text()
+    text += json.dumps(pq.read_table(root / "data" / "custom.parquet").to_pylist())
+    return Counter(re.findall(r"img_\d{5}\.(?:jpg|png)", text))
+
+
+def test_media_reuse_makes_most_images_appear_once(tmp_path):
+    pooled = image_references(demo_data.generate(tmp_path / "pool", samples=300, seed=2).root)
+    assert sum(pooled.values()) / len(pooled) > 5  # the default: a small pool, reused a lot
+
+    realistic = demo_data.generate(tmp_path / "real", samples=300, seed=2, media_reuse=0.1)
+    refs = image_references(realistic.root)
+    once = sum(n == 1 for n in refs.values())
+    assert once / len(refs) > 0.75 and max(refs.values()) <= 6
+    files = {p.name for p in (realistic.root / "media" / "images").iterdir()}
+    assert set(refs) <= files and len(files) > 300
+    again = demo_data.generate(tmp_path / "again", samples=300, seed=2, media_reuse=0.1)
+    assert digest(again.root) == digest(realistic.root)
