@@ -18,10 +18,11 @@ only ever opens what the manifest names.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -288,15 +289,31 @@ def write_shards(
     shard_dir: str,
     storage: fs.Storage,
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the placed rows of some shards → those shards, one result row each."""
-    received = list(batches)
-    if not received:
-        return
-    rows = pa.Table.from_batches(received)
-    numbers = rows.column("shard").to_numpy()
-    for shard in np.unique(numbers):
-        mine = rows.filter(pa.array(numbers == shard))
-        yield write_placed_shard(mine, int(shard), settings, packed_root, shard_dir, storage)
+    """mapInArrow body: the placed rows of some shards, sorted by shard → those shards, one
+    result row each. One shard's rows are held at a time, however many shards the partition
+    holds (hash partitioning puts several in some partitions)."""
+    for shard, rows in rows_by_shard(batches):
+        yield write_placed_shard(rows, shard, settings, packed_root, shard_dir, storage)
+
+
+def rows_by_shard(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.Table]]:
+    """(shard, its rows) for batches sorted by their ``shard`` column, one shard at a time."""
+    held: list[pa.RecordBatch] = []
+    current: int | None = None
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        numbers = batch.column("shard").to_numpy()
+        cuts = [0, *(np.flatnonzero(np.diff(numbers)) + 1).tolist(), len(numbers)]
+        for start, end in itertools.pairwise(cuts):
+            shard = int(numbers[start])
+            if held and shard != current:
+                yield current, pa.Table.from_batches(held)
+                held = []
+            current = shard
+            held.append(batch.slice(start, end - start))
+    if held:
+        yield current, pa.Table.from_batches(held)
 
 
 def write_placed_shard(
@@ -469,6 +486,7 @@ def write_placement(
     if placement.items <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
         placed = F.broadcast(placed)
     by_shard = rows.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
+    by_shard = by_shard.sortWithinPartitions("shard")  # write_shards holds one shard at a time
     results = [
         r.asDict(recursive=True) for r in by_shard.mapInArrow(task, from_arrow_schema(SHARD_RESULT)).collect()
     ]

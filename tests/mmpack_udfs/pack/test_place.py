@@ -76,3 +76,14 @@ def test_a_shard_does_not_depend_on_how_its_rows_arrive(tmp_path):
     assert results[0]["written"]["rows"] == SETTINGS.bins_per_shard
     index = costs.from_ipc(results[0]["costs"])
     assert index.num_rows == SETTINGS.bins_per_shard
+
+
+def test_rows_by_shard_holds_one_shard_at_a_time_across_batch_boundaries():
+    """write_shards' input: a partition's rows sorted by shard, in batches that cut anywhere."""
+    def batch(shards: list[int], xs: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"shard": pa.array(shards, pa.int64()), "x": pa.array(xs, pa.int64())})
+
+    batches = [batch([0, 0, 1, 1, 1], [1, 2, 3, 4, 5]), batch([], []), batch([1, 3], [6, 7]), batch([9], [8])]
+    runs = [(shard, rows.column("x").to_pylist()) for shard, rows in pack.rows_by_shard(iter(batches))]
+    assert runs == [(0, [1, 2]), (1, [3, 4, 5, 6]), (3, [7]), (9, [8])]
+    assert list(pack.rows_by_shard(iter([]))) == []
