@@ -23,6 +23,7 @@ import random
 import re
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,20 +136,18 @@ class MediaSource:
 
     def image(self, rng: random.Random) -> str:
         """An image reference (``rng`` draws from the fixed pool; the source's own rng otherwise)."""
-        if self.reuse is None:
-            return rng.choice(self.images)
-        if self.rng.random() >= self.reuse:
-            self.images.append(_write_image(self.root, len(self.images), self.rng))
-            return self.images[-1]
-        return self.rng.choice(self.images)
+        return self._reference(rng, self.images, _write_image)
 
     def video(self, rng: random.Random) -> str:
+        return self._reference(rng, self.videos, _write_video)
+
+    def _reference(self, rng: random.Random, files: list[str], write: Callable) -> str:
         if self.reuse is None:
-            return rng.choice(self.videos)
+            return rng.choice(files)
         if self.rng.random() >= self.reuse:
-            self.videos.append(_write_video(self.root, len(self.videos), self.rng))
-            return self.videos[-1]
-        return self.rng.choice(self.videos)
+            files.append(write(self.root, len(files), self.rng))
+            return files[-1]
+        return self.rng.choice(files)
 
 
 def _write_image(root: Path, index: int, rng: random.Random) -> str:
