@@ -8,6 +8,7 @@
     out_dir/outside/secret.jpg         a file outside the media root (symlink target)
     out_dir/data/sharegpt.jsonl        ``conversations``/``from``/``value`` dialect
     out_dir/data/openai.json           ``messages``/``role``/``content`` dialect, JSON array
+                                       (openai-NNNNN.json of 25,000 records each when larger)
     out_dir/data/custom.parquet        custom column and role names (needs a mapping)
     out_dir/mmpack.yaml                a config naming the three datasets
 
@@ -64,6 +65,7 @@ IMAGE_SIZES = [
     (12, 900),
 ]
 VIDEO_SIZES = [(96, 64), (160, 120), (224, 160), (320, 240), (128, 256)]
+JSON_FILE_RECORDS = 25_000  # records per JSON array file (one task parses a file whole)
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,9 @@ def generate(
     data.mkdir(parents=True, exist_ok=True)
     _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng)
     openai = [_to_openai(r, form=i % 3) for i, r in enumerate(thirds[1])]
-    _write_json(data / "openai.json", openai + bad_records["openai"], rng)
+    json_paths = _write_json(data, "openai", openai + bad_records["openai"], rng)
     _write_parquet(data / "custom.parquet", [_to_custom(r) for r in thirds[2]] + bad_records["custom"])
-    config = _write_config(root)
+    config = _write_config(root, json_paths)
     n_bad = sum(len(v) for v in bad_records.values())
     return DemoData(root, config, len(good) + n_bad, n_bad, n_dups, tokenize_rejects=3)
 
@@ -462,10 +464,20 @@ def _write_jsonl(path: Path, records: list[dict], bad: list, rng: random.Random)
     path.write_text("\n".join(lines) + "\n")
 
 
-def _write_json(path: Path, records: list[dict], rng: random.Random) -> None:
+def _write_json(data: Path, stem: str, records: list[dict], rng: random.Random) -> list[str]:
+    """``stem.json``, or ``stem-NNNNN.json`` files of ``JSON_FILE_RECORDS`` records each when
+    there are more (a JSON array is parsed whole by one task); their paths under the root."""
     records = list(records)
     rng.shuffle(records)
-    path.write_text(json.dumps(records, ensure_ascii=False, indent=1))
+    if len(records) <= JSON_FILE_RECORDS:
+        (data / f"{stem}.json").write_text(json.dumps(records, ensure_ascii=False, indent=1))
+        return [f"data/{stem}.json"]
+    paths = []
+    for part, first in enumerate(range(0, len(records), JSON_FILE_RECORDS)):
+        chunk = records[first : first + JSON_FILE_RECORDS]
+        (data / f"{stem}-{part:05d}.json").write_text(json.dumps(chunk, ensure_ascii=False, indent=1))
+        paths.append(f"data/{stem}-{part:05d}.json")
+    return paths
 
 
 def _write_parquet(path: Path, records: list[dict]) -> None:
@@ -480,13 +492,13 @@ def _write_parquet(path: Path, records: list[dict]) -> None:
     pq.write_table(pa.Table.from_pylist(records, schema=schema), path, row_group_size=2000)
 
 
-def _write_config(root: Path) -> Path:
+def _write_config(root: Path, json_paths: list[str]) -> Path:
     config = {
         "datasets": [
             {"name": "sharegpt_jsonl", "paths": ["data/sharegpt.jsonl"], "media_root": "media"},
             {
                 "name": "openai_json",
-                "paths": ["data/openai.json"],
+                "paths": json_paths,
                 "media_root": "media",
                 "dialect": "openai",
             },

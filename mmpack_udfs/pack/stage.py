@@ -327,20 +327,20 @@ def write_placed_shard(
     """Build one shard's bins from its placed rows (any order) and write it; what was written
     and its cost index rows, as one result row."""
     started = time.perf_counter()
-    rows = rows.take(pc.sort_indices(rows, [("bin_row", "ascending"), ("position", "ascending")]))
+    order = pc.sort_indices(rows, [("bin_row", "ascending"), ("position", "ascending")])  # no copy of rows
     per_bin = np.bincount(rows.column("bin_row").to_numpy())
-    lay = shards.BinLayout(
-        rows=np.arange(rows.num_rows), bin_starts=np.concatenate([[0], np.cumsum(per_bin)])
-    )
-    read_media = _media_reader(storage, settings.media == "prepared") if settings.embed_media else None
+    lay = shards.BinLayout(rows=order.to_numpy(), bin_starts=np.concatenate([[0], np.cumsum(per_bin)]))
     name = shard_path(shard_dir, shard)
+    prepared = settings.media == "prepared"
     cost_rows: list[pa.Table] = []
 
     def row_groups() -> Iterator[pa.RecordBatch]:
-        """The shard's bins one row group at a time (embedded media stay one row group big)."""
+        """The shard's bins one row group at a time: embedded media are read per row group, so
+        a task holds one row group's media however large the shard."""
         per_group = settings.bins_per_row_group
         for first in range(0, lay.num_bins, per_group):
             end = min(first + per_group, lay.num_bins)
+            read_media = _media_reader(storage, prepared) if settings.embed_media else None
             batch = shards.build_bins(rows, lay, first, end, group=0, read_media=read_media)
             cost_rows.append(costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile, first))
             yield batch
@@ -357,7 +357,7 @@ def write_placed_shard(
 
 
 def _media_reader(storage: fs.Storage, prepared: bool) -> Callable[[dict], bytes]:
-    """The bytes to embed for a media item: its file's, read once per file per task; or,
+    """The bytes to embed for a media item: its file's, read once per file by this reader; or,
     ``prepared``, its 8-bit Qwen2-VL patches at the item's grid, in transformers' order
     (``loader.vision.qwen2_vl_patches8``: the loader only copies them out)."""
     from loader import vision  # shipped in the executor zip; numpy and Pillow only
@@ -479,7 +479,7 @@ def write_placement(
 
     if placement is None:
         return []
-    placed = spark.createDataFrame(placement.table().to_pandas(), schema=from_arrow_schema(PLACEMENT))
+    placed = spark.createDataFrame(placement.table(), schema=from_arrow_schema(PLACEMENT))  # Arrow, no pandas
     task = partial(
         write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, storage=storage
     )

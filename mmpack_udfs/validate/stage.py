@@ -482,7 +482,7 @@ def source_problems(
         }
     )
     delivered = _tally(spark, {"train": packed_ids, "eval": eval_ids}, skipped)
-    found = spark.createDataFrame(expected.to_pandas()).join(delivered, "sample_id", "full_outer")
+    found = spark.createDataFrame(expected).join(delivered, "sample_id", "full_outer")
     problems = []
     for what, condition in (
         ("of the source table in fewer training bins than its copies", "coalesce(got_train, 0) < train"),

@@ -77,3 +77,17 @@ def test_media_reuse_makes_most_images_appear_once(tmp_path):
     assert set(refs) <= files and len(files) > 300
     again = demo_data.generate(tmp_path / "again", samples=300, seed=2, media_reuse=0.1)
     assert digest(again.root) == digest(realistic.root)
+
+
+def test_a_large_json_dataset_is_split_into_files_the_config_names(tmp_path, monkeypatch):
+    """One task parses a JSON array whole, so a large demo writes it in bounded files."""
+    whole = demo_data.generate(tmp_path / "whole", samples=120, seed=5)
+    monkeypatch.setattr(demo_data, "JSON_FILE_RECORDS", 15)
+    split = demo_data.generate(tmp_path / "split", samples=120, seed=5)
+    files = sorted((split.root / "data").glob("openai-*.json"))
+    assert len(files) >= 3 and not (split.root / "data" / "openai.json").exists()
+    parts = [json.loads(f.read_text()) for f in files]
+    assert all(len(p) <= 15 for p in parts)
+    assert [r for p in parts for r in p] == json.loads((whole.root / "data" / "openai.json").read_text())
+    config = split.config.read_text()
+    assert all(f"data/{f.name}" in config for f in files) and split.records == whole.records
