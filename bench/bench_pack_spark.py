@@ -4,7 +4,8 @@
 
 1. Writes (not timed, reused across runs) a tokenized Delta table of --rows text-only
    rows: lengths lognormal(mean log 5.0, sigma 0.8) clipped to [8, 16384] (mean ≈ 200
-   tokens), random ids, the first half of every sample unsupervised; 10 files.
+   tokens), random ids, the first half of every sample unsupervised, sample ids of 32 hex
+   digits as normalize makes them; 10 files.
 2. Times `pack.run` with the default config (budget 16,384): the driver's count pass and
    first-fit-decreasing over all rows, the cost-stratified layout, the join of every row
    to its place and the shuffle by shard, shard assembly and writing (zstd), manifest,
@@ -17,6 +18,7 @@ Python and JVM, and of the Python workers); copy the line into bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import time
@@ -38,7 +40,7 @@ FILES = 10
 def synthetic_table(out, rows: int, seed: int = 0) -> np.ndarray:
     """Write the tokenized table under ``out`` (once); return its lengths."""
     uri = schemas.table_uri(str(out), "tokenized")
-    marker = out / f".complete-{rows}"
+    marker = out / f".complete-{rows}-sha-ids"
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(5.0, 0.8, rows), 8, 16384).astype(np.int64)
     if marker.exists():
@@ -58,6 +60,11 @@ def synthetic_table(out, rows: int, seed: int = 0) -> np.ndarray:
     return lengths
 
 
+def sample_ids(index: np.ndarray) -> pa.Array:
+    """Ids as normalize makes them (32 hex digits of a SHA-256): the driver holds them per row."""
+    return pa.array([hashlib.sha256(str(i).encode()).hexdigest()[:32] for i in index])
+
+
 def _batch(index: np.ndarray, lengths: np.ndarray, rng) -> pa.RecordBatch:
     part = lengths[index]
     offsets = pa.array(np.concatenate([[0], np.cumsum(part)]).astype(np.int32))
@@ -67,8 +74,8 @@ def _batch(index: np.ndarray, lengths: np.ndarray, rng) -> pa.RecordBatch:
     n = len(index)
     zeros = pa.array(np.zeros(n, np.int32))
     columns = {
-        "sample_id": pa.array([f"bench-{i:09d}" for i in index]),
-        "parent_id": pa.array([f"bench-{i:09d}" for i in index]),
+        "sample_id": (ids := sample_ids(index)),
+        "parent_id": ids,
         "dataset": pa.array(["bench"] * n),
         "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids)),
         "labels": pa.ListArray.from_arrays(offsets, pa.array(labels)),

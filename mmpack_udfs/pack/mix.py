@@ -48,6 +48,11 @@ class DatasetMix:
     max_samples: int | None = None
     eval_samples: int | None = None
 
+    def chooses_nothing(self, settings: MixSettings) -> bool:
+        """Whether every row just trains int(weight) times: a whole weight, no cap, no held-out rows."""
+        no_eval = self.eval_samples is None and settings.eval_fraction == 0
+        return self.max_samples is None and no_eval and float(self.weight).is_integer()
+
 
 @dataclass(frozen=True)
 class MixSettings:
@@ -106,19 +111,31 @@ def choose(rows: pa.Table, settings: MixSettings, excluded: np.ndarray | None = 
     keep = np.ones(n, bool)
     if excluded is not None:
         keep[excluded] = False
-    datasets = rows.column("dataset").to_numpy(zero_copy_only=False)
+    datasets = pc.dictionary_encode(rows.column("dataset").combine_chunks())  # Arrow: no str per row
+    codes = datasets.indices.to_numpy(zero_copy_only=False)
+    names = datasets.dictionary.to_pylist()
     parents = rows.column("parent_id")
-    for name in sorted(set(datasets[keep].tolist())):
-        mine = np.flatnonzero((datasets == name) & keep)
-        conversations, row_of = np.unique(parents.take(pa.array(mine)).to_numpy(zero_copy_only=False),
-                                           return_inverse=True)  # fmt: skip
-        per_conversation = _choose_one(conversations, settings.of(name), settings)
+    for code in sorted(set(codes[keep].tolist()), key=names.__getitem__):
+        mine = np.flatnonzero((codes == code) & keep)
+        dataset = settings.of(names[code])
+        if dataset.chooses_nothing(settings):  # every row trains int(weight) times: no ids needed
+            copies[mine] = int(dataset.weight)
+            continue
+        conversations, row_of = _unique_sorted(parents.take(pa.array(mine)))
+        per_conversation = _choose_one(conversations, dataset, settings)
         copies[mine] = per_conversation.copies[row_of]
         held_out[mine] = per_conversation.eval[row_of]
     return Mix(copies, held_out)
 
 
-def _choose_one(conversations: np.ndarray, mix: DatasetMix, settings: MixSettings) -> Mix:
+def _unique_sorted(ids: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """The distinct ``ids`` in (code point) order, and the index of each id among them."""
+    unique = pc.unique(ids)
+    unique = unique.take(pc.sort_indices(unique))
+    return unique, pc.index_in(ids, value_set=unique).to_numpy(zero_copy_only=False)
+
+
+def _choose_one(conversations: pa.Array, mix: DatasetMix, settings: MixSettings) -> Mix:
     """One dataset's conversations (sorted, unique) → copies and eval per conversation. Hashes
     are computed only where a choice is made (a plain dataset takes any ids)."""
     n = len(conversations)
@@ -152,11 +169,12 @@ def _smallest(hashes: np.ndarray, k: int) -> np.ndarray:
     return chosen
 
 
-def conversation_hash(ids: np.ndarray, seed: int, salt: int) -> np.ndarray:
+def conversation_hash(ids: pa.Array | np.ndarray, seed: int, salt: int) -> np.ndarray:
     """uint64 per id: splitmix64 of its first 16 hex digits mixed with (seed, salt)."""
     if not len(ids):
         return np.zeros(0, np.uint64)
-    prefix = pc.utf8_slice_codeunits(pa.array(ids, pa.string()), 0, 16)
+    ids = ids if isinstance(ids, pa.Array) else pa.array(ids, pa.string())
+    prefix = pc.utf8_slice_codeunits(ids, 0, 16)
     digits = np.frombuffer(prefix.buffers()[2], np.uint8)[: 16 * len(ids)]
     nibbles = _HEX[digits]
     if (
