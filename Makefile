@@ -96,6 +96,7 @@ bench-pack-spark: setup
 bench-scale: setup
 	for rows in 1000000 3000000 10000000; do $(BIN)/python bench/bench_pack_spark.py --rows $$rows --driver-memory 8g || exit 1; done
 	for samples in 10000 100000; do $(BIN)/python bench/bench_end_to_end.py --samples $$samples --media-reuse 0.1 || exit 1; done
+	$(BIN)/python bench/bench_end_to_end.py --samples 1000000 --media-reuse 0.9  # 1 M unique images would take ~75 min to draw
 
 bench-balance: setup
 	$(BIN)/python bench/bench_balance.py
