@@ -74,8 +74,8 @@ def _batch(index: np.ndarray, lengths: np.ndarray, rng) -> pa.RecordBatch:
     n = len(index)
     zeros = pa.array(np.zeros(n, np.int32))
     columns = {
-        "sample_id": (ids := sample_ids(index)),
-        "parent_id": ids,
+        "sample_id": (names := sample_ids(index)),
+        "parent_id": names,
         "dataset": pa.array(["bench"] * n),
         "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids)),
         "labels": pa.ListArray.from_arrays(offsets, pa.array(labels)),
