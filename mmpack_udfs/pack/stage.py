@@ -7,7 +7,7 @@
         whole shards (packed/shards/<run tag>/s<shard>.parquet) and their cost index rows
     driver: reconcile (rows in = packed + skipped), write manifest.json last, report
 
-The driver holds only counts (its peak: ~413 bytes a row, 10 M rows 4.25 GB) and packs them in one
+The driver holds only counts (its memory grows with the rows: README "Sizing") and packs them in one
 first-fit-decreasing (numba: ~1 s per million rows), so the layout is global: every row
 group holds one bin of each cost stratum of the whole run, which is what lets a loader
 balance ranks while reading whole row groups (loader.balance). A retried task rewrites
