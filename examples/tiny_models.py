@@ -132,6 +132,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_config": {**VISION, "patch_size": 16, "num_position_embeddings": 16},
         **QWEN3_5_IDS,
     },
+    "internvl": {  # InternVL3-1B-hf's geometry: 448 px tiles, patch 14, pixel shuffle 0.5 → 256 tokens
+        "text_config": {"model_type": "qwen2", **TEXT, "vocab_size": 151674},
+        "vision_config": {
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": [448, 448],
+            "patch_size": [14, 14],
+        },
+        "downsample_ratio": 0.5,
+        "image_token_id": 151667,
+    },
 }
 
 

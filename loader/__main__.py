@@ -45,7 +45,7 @@ def describe_epoch(
         print(
             f"  step {steps:3d}: input_ids {tuple(batch['input_ids'].shape)}, "
             f"position_ids {tuple(batch['position_ids'].shape)}, {len(meta['sample_ids'])} samples, "
-            f"max_length {batch['max_length_q']}, {meta['supervised_tokens']} supervised{vision}{filler}"
+            f"max_length {meta['max_length']}, {meta['supervised_tokens']} supervised{vision}{filler}"
         )
     if show_steps is not None and steps > show_steps:
         print(f"  ... {steps - show_steps} more steps")

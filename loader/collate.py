@@ -60,7 +60,10 @@ def collate_packed(
 
     Keys: ``input_ids``, ``labels`` [1, T]; ``position_ids`` [4, 1, T] for qwen2_vl, else
     [1, T]; the vision tensors, concatenated in order; ``cu_seq_lens_q``/``cu_seq_lens_k``
-    (int32, every sample's start and T) and ``max_length_q``/``max_length_k`` (int);
+    (int32, every sample's start and T) and ``max_length_q``/``max_length_k`` (int), except
+    for families whose forward hands its keyword arguments to the vision tower (InternVL:
+    ``Family.boundary_kwargs``; flash-attn then finds the boundaries from ``position_ids``;
+    ``meta["cu_seq_lens"]`` and ``meta["max_length"]`` hold them for every family);
     ``use_cache=False`` (a cache turns off transformers' packed-sequence detection); for
     families with linear-attention layers (Qwen3.5) ``seq_idx`` [1, T] int32, each token's
     sample (what the causal-conv kernel needs to restart at sample boundaries).
@@ -95,12 +98,10 @@ def collate_packed(
         "input_ids": ids[None],
         "labels": labels[None],
         "position_ids": positions[:, None, :] if len(positions) == 4 else positions,
-        "cu_seq_lens_q": cu,
-        "cu_seq_lens_k": cu,
-        "max_length_q": max_length,
-        "max_length_k": max_length,
         "use_cache": False,
     }
+    if all(b.get("boundary_kwargs", True) for b in items):
+        inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_length, max_length_k=max_length)
     for key in VISION_INPUTS:
         parts = [b[key] for b in items if key in b]
         if parts:
@@ -123,6 +124,8 @@ def collate_packed(
         "supervised_tokens": int((labels != IGNORE).sum()),
         "num_bins": len(items),
         "fillers": sum(bool(b.get("filler")) for b in items),
+        "cu_seq_lens": cu.tolist(),
+        "max_length": max_length,
         "bin_tokens": [int(b["cu_seqlens"][-1]) for b in items],
         "bin_sum_sq_lengths": [int((b["cu_seqlens"].diff().to(torch.int64) ** 2).sum()) for b in items],
     }

@@ -363,6 +363,8 @@ class _RowGroup:
         for name, column in self.columns.items():  # shards written before a column lack it
             item[name] = column[row].as_py()
         media = self.media.row(row) if self.media is not None else []
+        if not self.family.boundary_kwargs:
+            item["boundary_kwargs"] = False
         if self.family.linear_attention:  # which sample each token is (the causal conv's seq_idx)
             item["seq_idx"] = torch.from_numpy(np.repeat(np.arange(len(lengths), dtype=np.int32), lengths))
         if self.family.mrope:
@@ -441,12 +443,29 @@ def _qwen2_vl_patches8(item: dict, storage: fs.Storage, pixels: _Pixels) -> np.n
 def _internvl_media(
     media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: _Pixels
 ) -> dict[str, Any]:
-    image = profile["image"]
-    tiles = [
-        vision.internvl_tiles(_frames(m, storage), m, image["tile_size"], image["thumbnail"], pixels.computed)
-        for m in media
-    ]
-    return {
+    """Every item's tiles in order (images and video frames together, as transformers' processor
+    concatenates them), normalized with the mean/std of the item's kind."""
+    image, native = profile["image"], profile["kind"] == "internvl"
+    norms = {
+        kind: (profile[kind].get("mean", vision.IMAGENET_MEAN), profile[kind].get("std", vision.IMAGENET_STD))
+        for kind in ("image", "video")
+    }
+    tiles = []
+    for m in media:
+        raw = vision.internvl_tiles(
+            _frames(m, storage), m, image["tile_size"], image["thumbnail"], "uint8", video_processor=native
+        )
+        tiles.append(raw if pixels.computed == "uint8" else vision.normalize_internvl(raw, *norms[m["kind"]]))
+    out: dict[str, Any] = {
         "pixel_values": pixels.tensor(np.concatenate(tiles)),
         "num_tiles": torch.tensor([len(t) for t in tiles]),
     }
+    if pixels.computed == "uint8":  # what normalize_pixel_values needs on the device
+        kinds = {m["kind"] for m in media}
+        if len({tuple(map(tuple, norms[k])) for k in kinds}) > 1:
+            raise ValueError(
+                "pixel_dtype='uint8': this profile normalizes image and video tiles differently, and "
+                "they share one pixel_values tensor; use pixel_dtype float32 or bfloat16"
+            )
+        out["pixel_norm"] = {"pixel_values": norms[next(iter(kinds))]}
+    return out

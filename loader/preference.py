@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from loader.collate import PackedBatch
-from loader.training import step_total, token_losses
+from loader.training import sequence_bounds, step_total, token_losses
 
 
 class DPOOutput(NamedTuple):
@@ -37,10 +37,10 @@ def sequence_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tenso
     """[len(meta["sample_ids"])] float64: each sample's summed log-probability of its supervised
     tokens (summed in float64: a long answer's sum keeps its precision), from one forward
     with logits only where a label is supervised (``token_losses``).
-    Each token's sequence comes from ``cu_seq_lens_q``; fillers, padding and idle media are
+    Each token's sequence comes from ``meta["cu_seq_lens"]``; fillers, padding and idle media are
     sequences of their own without supervised tokens."""
     losses, positions = token_losses(model, batch)
-    cu = batch["cu_seq_lens_q"].to(device=losses.device, dtype=torch.int64)
+    cu = sequence_bounds(batch, losses.device)
     sequence = torch.searchsorted(cu, positions, right=True) - 1
     per_sequence = torch.zeros(len(cu) - 1, dtype=torch.float64, device=losses.device)
     per_sequence = per_sequence.index_add(0, sequence, -losses.to(torch.float64))

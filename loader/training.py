@@ -41,17 +41,26 @@ def summed_loss(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     return token_losses(model, batch)[0].sum()
 
 
+def sequence_bounds(batch: PackedBatch, device: torch.device) -> torch.Tensor:
+    """int64 [sequences + 1]: where each sequence of the batch starts, and its length T
+    (``meta["cu_seq_lens"]``, or ``cu_seq_lens_q`` for a batch built without it)."""
+    bounds = batch.meta.get("cu_seq_lens")
+    if bounds is None:
+        return batch["cu_seq_lens_q"].to(device=device, dtype=torch.int64)
+    return torch.tensor(bounds, device=device, dtype=torch.int64)
+
+
 def dataset_losses(
     losses: torch.Tensor, positions: torch.Tensor, batch: PackedBatch, datasets: Sequence[str]
 ) -> torch.Tensor:
     """[2, len(datasets)] float64, detached: per dataset (the manifest's ``datasets`` order), the
     summed loss of its supervised tokens in this batch and their number. Each token's
-    sequence comes from ``cu_seq_lens_q``, its dataset from ``meta["sequence_datasets"]``.
+    sequence comes from ``meta["cu_seq_lens"]``, its dataset from ``meta["sequence_datasets"]``.
     Sum these over micro-batches and ranks (``all_reduce``), then divide row 0 by row 1."""
     index = {name: i for i, name in enumerate(datasets)}
     names = batch.meta["sequence_datasets"]
     of_sequence = torch.tensor([index[n] if n is not None else -1 for n in names], device=losses.device)
-    cu = batch["cu_seq_lens_q"].to(device=losses.device, dtype=torch.int64)
+    cu = sequence_bounds(batch, losses.device)
     sequence = torch.searchsorted(cu, positions, right=True) - 1
     if len(positions) and int(sequence.max()) >= len(names):
         raise ValueError("a supervised token lies after the batch's listed sequences (idle media are masked)")
@@ -142,7 +151,10 @@ def with_idle_media(
         inputs[grid] = torch.tensor(
             [[1, settings["merge"], settings["merge"]]], dtype=torch.int64, device=batch["input_ids"].device
         )
-    return PackedBatch(inputs, {**batch.meta, "idle_media": [kind for kind, *_ in missing]})
+    meta = {**batch.meta, "idle_media": [kind for kind, *_ in missing]}
+    if "cu_seq_lens_q" in inputs:  # the idle samples are sequences too
+        meta.update(cu_seq_lens=inputs["cu_seq_lens_q"].tolist(), max_length=inputs["max_length_q"])
+    return PackedBatch(inputs, meta)
 
 
 def _append_idle_sample(inputs: dict[str, Any], token_id: int) -> None:
@@ -153,8 +165,10 @@ def _append_idle_sample(inputs: dict[str, Any], token_id: int) -> None:
     positions = inputs["position_ids"]
     inputs["position_ids"] = torch.cat([positions, positions.new_zeros((*positions.shape[:-1], 1))], dim=-1)
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
-        inputs[key] = torch.cat([inputs[key], inputs[key][-1:] + 1])
+        if key in inputs:
+            inputs[key] = torch.cat([inputs[key], inputs[key][-1:] + 1])
     for key in ("max_length_q", "max_length_k"):
-        inputs[key] = max(inputs[key], 1)
+        if key in inputs:
+            inputs[key] = max(inputs[key], 1)
     if "seq_idx" in inputs:
         inputs["seq_idx"] = torch.cat([inputs["seq_idx"], inputs["seq_idx"][:, -1:] + 1], dim=1)

@@ -6,7 +6,8 @@ The Qwen-VL line: resize to (resized_height, resized_width) with PIL bicubic, sc
 Qwen2.5-VL; 16: Qwen3-VL, Qwen3.5) grouped 2 × 2 (spatial merge) and 2 frames deep (images
 repeat their one frame): one row of 3·2·p·p values per patch, grid_t · grid_h · grid_w rows
 per item, so merged tokens = rows / 4 = pad tokens.
-InternVL: 448-px tiles (ImageNet mean/std) in the stored tile grid, plus the thumbnail.
+InternVL: 448-px tiles (ImageNet mean/std) in the stored tile grid, plus the thumbnail; video
+frames one tile each.
 """
 
 from __future__ import annotations
@@ -234,16 +235,26 @@ def normalize_qwen_patches(patches: np.ndarray, mean=CLIP_MEAN, std=CLIP_STD) ->
 
 
 def internvl_tiles(
-    frames: list[Image.Image], item: dict, tile_size: int, thumbnail: bool, dtype: str = "float32"
+    frames: list[Image.Image],
+    item: dict,
+    tile_size: int,
+    thumbnail: bool,
+    dtype: str = "float32",
+    video_processor: bool = False,
 ) -> np.ndarray:
     """[tiles, 3, tile_size, tile_size]: images in their stored rows × columns grid (plus a
     thumbnail when split), video frames one tile each; float32 normalized with the ImageNet
-    mean/std, or (``dtype="uint8"``) the raw 8-bit values (``normalize_internvl``)."""
+    mean/std, or (``dtype="uint8"``) the raw 8-bit values (``normalize_internvl``). Frames are
+    resized with PIL as InternVL's own code does, or (``video_processor``: transformers-native
+    InternVL) to the stored size as transformers' video processors resize (torch)."""
 
     def chw(image: Image.Image, height: int, width: int) -> np.ndarray:
         return resized_rgb8([image], height, width)[0].transpose(2, 0, 1)
 
-    if item["kind"] == "video":
+    if item["kind"] == "video" and video_processor:
+        size = (item["resized_height"], item["resized_width"])
+        tiles = resized_video_rgb8(frames, *size).transpose(0, 3, 1, 2)
+    elif item["kind"] == "video":
         tiles = np.stack([chw(f, tile_size, tile_size) for f in frames])
     else:
         rows, cols = item["grid_h"], item["grid_w"]
@@ -256,6 +267,6 @@ def internvl_tiles(
     return tiles if dtype == "uint8" else normalize_internvl(tiles)
 
 
-def normalize_internvl(tiles: np.ndarray) -> np.ndarray:
-    """uint8 InternVL tiles [tiles, 3, H, W] → float32 normalized with the ImageNet mean/std."""
-    return normalize(tiles, IMAGENET_MEAN, IMAGENET_STD, axis=1)
+def normalize_internvl(tiles: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
+    """uint8 InternVL tiles [tiles, 3, H, W] → float32 normalized with ``mean``/``std`` (ImageNet's)."""
+    return normalize(tiles, np.asarray(mean, np.float32), np.asarray(std, np.float32), axis=1)

@@ -75,7 +75,11 @@ PARAMS = {
         pattern=ABSOLUTE,
         description="output root: tables/, packed/ (shards + manifest.json) and report/ go under it",
     ),
-    "profile": Param("qwen2_vl", enum=["qwen2_vl", "internvl"], description="model profile"),
+    "profile": Param(
+        "qwen2_vl",
+        enum=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "internvl_chat"],
+        description="model profile",
+    ),
     "budget": Param(
         16384,
         type="integer",

@@ -464,16 +464,22 @@ class BalanceConfig(Section):
             "qwen3_vl": _seven_b_llm(2.4e9, 3.7e5),  # Qwen3-VL-8B's ~0.4 B ViT (27 × 1152)
             "qwen3_5": _seven_b_llm(2.4e9, 3.7e5),  # Qwen3-VL's vision tower
             "internvl": _seven_b_llm(1.8e9, 2.95e5),  # InternViT-300M (24 × 1024)
+            "internvl_chat": _seven_b_llm(1.8e9, 2.95e5),  # the same tower
         },
         description="the cost model of each profile, by profile name",
     )
 
 
 Number = Annotated[int | float, _rule("must be a positive number", _positive)]
-CHAT_MODES = ("chatml", "qwen3", "qwen3_thinking", "qwen3_5")  # families/chat.py: CHAT_RENDERERS
+CHAT_MODES = ("chatml", "internvl", "qwen3", "qwen3_thinking", "qwen3_5")  # families/chat.py: CHAT_RENDERERS
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]  # OpenAI CLIP (Qwen2-VL, Qwen2.5-VL)
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 HALF = [0.5, 0.5, 0.5]  # Qwen3-VL, Qwen3.5
+IMAGENET_MEAN = [0.485, 0.456, 0.406]  # InternVL
+IMAGENET_STD = [0.229, 0.224, 0.225]
+OptionalNumber = Annotated[
+    int | float | None, _rule("must be a positive number or null", _optional(_positive))
+]
 
 
 def _triple(value: Any) -> list[float]:
@@ -522,8 +528,8 @@ class ProfileSection(Section):
     )
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field(
         "chatml",
-        description="how turns render (families/chat.py): `chatml`, `qwen3`, `qwen3_thinking`, `qwen3_5`; "
-        "with `tokenize.model`: the one that reproduces the directory's chat template",
+        description="how turns render (families/chat.py): `chatml`, `internvl`, `qwen3`, `qwen3_thinking`, "
+        "`qwen3_5`; with `tokenize.model`: the one that reproduces the directory's chat template",
     )
 
 
@@ -594,30 +600,63 @@ class InternVLImage(Section):
     )
 
 
-class InternVLVideo(Section):
+class InternVLChatVideo(Section):
     frames: PositiveInt = Field(8, description="frames sampled uniformly per video, one tile each")
 
 
+class InternVLChatProfile(ProfileSection):
+    """InternVL in the original repository's format: 448 px tiles of 256 tokens, dynamic tiling."""
+
+    kind: Literal["internvl_chat"] = Field(
+        "internvl_chat", description="which model family the profile describes"
+    )
+    image: InternVLImage = InternVLImage()
+    video: InternVLChatVideo = InternVLChatVideo()
+
+
+class InternVLHFImage(InternVLImage):
+    mean: Triple = Field(IMAGENET_MEAN, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(IMAGENET_STD, description="per-channel standard deviation")
+
+
+class InternVLVideo(Section):
+    height: PositiveInt = Field(448, description="frame height the vision encoder sees (one tile per frame)")
+    width: PositiveInt = Field(448, description="frame width the vision encoder sees")
+    do_sample_frames: Flag = Field(
+        False, description="sample frames (false: every frame, the processor's default)"
+    )
+    num_frames: OptionalPositiveInt = Field(None, description="frames sampled per video (null: by `fps`)")
+    fps: OptionalNumber = Field(
+        None, description="frames sampled per second of video, when `num_frames` is null"
+    )
+    initial_shift: Flag = Field(True, description="sampled frames start half a step into the clip")
+    mean: Triple = Field(IMAGENET_MEAN, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(IMAGENET_STD, description="per-channel standard deviation")
+
+
 class InternVLProfile(ProfileSection):
-    """InternVL: 448 px tiles of 256 tokens, dynamic tiling."""
+    """InternVL 3 / 3.5 in transformers (`-hf` checkpoints): GotOcr2 tiles, frames one tile each."""
 
     kind: Literal["internvl"] = Field("internvl", description="which model family the profile describes")
-    image: InternVLImage = InternVLImage()
+    default_system: str = Field("", description="system prompt of samples that have none (empty: none)")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("internvl", description="how turns render")
+    image: InternVLHFImage = InternVLHFImage()
     video: InternVLVideo = InternVLVideo()
 
 
 ProfileConfig = Annotated[
-    Qwen2VLProfile | Qwen25VLProfile | Qwen3VLProfile | Qwen35Profile | InternVLProfile,
+    Qwen2VLProfile | Qwen25VLProfile | Qwen3VLProfile | Qwen35Profile | InternVLProfile | InternVLChatProfile,
     Field(discriminator="kind"),
 ]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
-PROFILE_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl")
+PROFILE_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "internvl_chat")
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen2_vl": Qwen2VLProfile,
     "qwen2_5_vl": Qwen25VLProfile,
     "qwen3_vl": Qwen3VLProfile,
     "qwen3_5": Qwen35Profile,
     "internvl": InternVLProfile,
+    "internvl_chat": InternVLChatProfile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")  # patch-based (prepared media, mRoPE)
@@ -661,6 +700,7 @@ class Config(Section):
             "qwen3_vl": Qwen3VLProfile(),
             "qwen3_5": Qwen35Profile(),
             "internvl": InternVLProfile(),
+            "internvl_chat": InternVLChatProfile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",
@@ -700,7 +740,7 @@ class Config(Section):
 
     # -- views the stages use --------------------------------------------------------------
     @property
-    def profile(self) -> Qwen2VLProfile | Qwen3VLProfile | InternVLProfile:
+    def profile(self) -> Qwen2VLProfile | Qwen3VLProfile | InternVLProfile | InternVLChatProfile:
         """The profile the run tokenizes with (``profiles[tokenize.profile]``)."""
         return self.profiles[self.tokenize.profile]
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mmpack_udfs.families.base import ChatFormat, Family, MediaPlan, MediaTokens
-from mmpack_udfs.families.internvl import InternVL
+from mmpack_udfs.families.internvl import InternVL, InternVLChat
 from mmpack_udfs.families.qwen_vl import Qwen2VL, Qwen3VL, Qwen25VL, Qwen35
 
 FAMILIES: dict[str, type[Family]] = {
@@ -20,6 +20,7 @@ FAMILIES: dict[str, type[Family]] = {
     "qwen3_vl": Qwen3VL,
     "qwen3_5": Qwen35,
     "internvl": InternVL,
+    "internvl_chat": InternVLChat,
 }
 
 MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
@@ -29,6 +30,7 @@ MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
     "qwen3_vl_moe": "qwen3_vl",
     "qwen3_5": "qwen3_5",
     "qwen3_5_moe": "qwen3_5",
+    "internvl": "internvl",
 }
 
 

@@ -65,8 +65,15 @@ class Family:
     chat: ClassVar[ChatFormat] = ChatFormat()  # ChatML
     chat_modes: ClassVar[tuple[str, ...]] = ("chatml",)  # the renderers its templates may need
     media_tokens: ClassVar[dict[str, MediaTokens]] = {}
+    template_tokens: ClassVar[
+        dict[str, str]
+    ] = {}  # what the chat template writes for a media item, if not its span
     mrope = False  # whether the language model takes 3-row multimodal rotary positions
     linear_attention = False  # whether its language model has recurrent (linear-attention) layers
+    # whether a forward may take the batch's boundaries as keyword arguments (cu_seq_lens_q/k,
+    # max_length_q/k, for flash-attn): not where the model hands its keyword arguments to the
+    # vision tower's attention too, which would apply the text's boundaries to the image patches
+    boundary_kwargs = True
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         from mmpack_udfs.families.chat import CHAT_RENDERERS
@@ -83,7 +90,7 @@ class Family:
         tokens = {self.chat.turn_start, self.chat.turn_end, *self.renderer.tokens}
         for m in self.media_tokens.values():
             tokens |= {*m.before, m.pad, *m.after}
-        return tokens
+        return tokens | set(self.template_tokens.values())
 
     def plan(self, media: Mapping[str, Any]) -> MediaPlan:
         """The plan for one probed media item (a row of the samples table's ``media``); plans
@@ -113,6 +120,11 @@ class Family:
             ("pad", plan.num_tokens),
             *(("token", t) for t in tokens.after),
         ]
+
+    def template_layout(self, kind: str) -> list[LayoutElement]:
+        """A media item as the chat template writes it, before the processor expands it (what
+        ``tokenize.template_check`` compares): by default its span with one pad."""
+        return self.media_layout(MediaPlan(kind, (1, 1, 1), 1, (0, 0), (0,)))
 
     def positions(self, length: int, media: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
         """Extra position rows of one sample alone (mRoPE: [3, length]); None: 1-D positions."""
@@ -144,6 +156,6 @@ def rejected_resize(err: ValueError, width: int, height: int) -> Rejected:
     return Rejected(Reason.MEDIA_UNSUPPORTED, f"{width}x{height}: {err}")
 
 
-def torch_arange_int(end: int, step: float) -> list[int]:
-    """``torch.arange(0, end, step).int().tolist()`` for a float ``step``, in numpy."""
-    return np.arange(0, end, step).astype(np.float32).astype(np.int64).tolist()
+def torch_arange_int(end: int, step: float, start: float = 0.0) -> list[int]:
+    """``torch.arange(start, end, step).int().tolist()`` for a float ``step``, in numpy."""
+    return np.arange(start, end, step).astype(np.float32).astype(np.int64).tolist()

@@ -14,6 +14,8 @@ refused). The renderers:
   prefix is its reasoning: dropped in turns before the last user query, and after it, when the
   turn is the last one or has reasoning, rendered as ``<think>\\n{reasoning}\\n</think>\\n\\n``
   + the answer (the template's empty think block on a final turn without reasoning).
+- ``internvl``: transformers-native InternVL. ChatML, and every media placeholder followed by a
+  newline (its template writes ``<IMG_CONTEXT>\\n`` / ``<video>\\n`` for a media part).
 - ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
   carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
 
@@ -24,11 +26,13 @@ header (think block, answer, ``<|im_end|>``); never the header, the template's n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mmpack_udfs.families.base import LayoutElement
 from mmpack_udfs.reasons import Reason, Rejected
+from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_response>", "</tool_response>"
@@ -57,6 +61,19 @@ class ChatML:
 
     def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
         return [TurnLayout(TEMPLATE_ROLE.get(t["role"], t["role"]), t["text"]) for t in turns]
+
+
+class InternVL(ChatML):
+    """transformers-native InternVL: ChatML, a newline after every media item."""
+
+    name = "internvl"
+    placeholder = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        return [
+            TurnLayout(layout.role, self.placeholder.sub(r"\1\n", layout.body))
+            for layout in super().turns(turns)
+        ]
 
 
 class Qwen3(ChatML):
@@ -139,4 +156,6 @@ class Qwen35(Qwen3Thinking):
         return TurnLayout("assistant", answer)
 
 
-CHAT_RENDERERS: dict[str, ChatML] = {r.name: r for r in (ChatML(), Qwen3(), Qwen3Thinking(), Qwen35())}
+CHAT_RENDERERS: dict[str, ChatML] = {
+    r.name: r for r in (ChatML(), InternVL(), Qwen3(), Qwen3Thinking(), Qwen35())
+}

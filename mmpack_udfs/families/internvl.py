@@ -1,29 +1,101 @@
-"""InternVL in its original repository format: fixed 448 px tiles with dynamic tiling
-(InternVL's closest-aspect-ratio rule, up to ``max_tiles``, plus a thumbnail tile), 256
-``<IMG_CONTEXT>`` tokens per tile wrapped in ``<img>`` … ``</img>``; a video is ``frames``
-uniformly sampled frames of one tile each, in one ``<img>`` … ``</img>`` span; 1-D positions."""
+"""InternVL, in two formats.
+
+- ``internvl``: transformers-native InternVL 3 / 3.5 (``InternVLForConditionalGeneration``, the
+  ``-hf`` checkpoints; transformers' ``InternVLProcessor`` with ``GotOcr2ImageProcessor`` and
+  ``InternVLVideoProcessor``). An image is cut into tiles by GotOcr2's closest-aspect-ratio rule
+  (``min_tiles`` … ``max_tiles`` tiles of ``tile_size`` px, plus a thumbnail of the whole image
+  when there is more than one) and becomes ``<img>`` + ``<IMG_CONTEXT>`` × (``tokens_per_tile`` ·
+  tiles) + ``</img>``; a video is one ``tile_size`` tile per frame (every frame unless the
+  directory's video processor samples), written ``Frame1: <img>…</img>`` lines joined by
+  newlines. The chat template writes ``<IMG_CONTEXT>`` / ``<video>`` + a newline where a media
+  item stands (chat renderer ``internvl``); 1-D positions.
+- ``internvl_chat``: the original InternVL repository's format (``InternVLChatModel``): the same
+  tiles, a video as ``frames`` uniformly sampled tiles in one ``<img>`` … ``</img>`` span.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from mmpack_udfs.families.base import Family, MediaPlan, MediaTokens
+from mmpack_udfs.families.base import Family, LayoutElement, MediaPlan, MediaTokens, torch_arange_int
 from mmpack_udfs.reasons import Reason, Rejected
 
+IMAGE_SPAN = MediaTokens(("<img>",), "<IMG_CONTEXT>", ("</img>",))
 
-class InternVL(Family):
-    kind = "internvl"
-    media_tokens: ClassVar[dict[str, MediaTokens]] = {
-        "image": MediaTokens(("<img>",), "<IMG_CONTEXT>", ("</img>",)),
-        "video": MediaTokens(("<img>",), "<IMG_CONTEXT>", ("</img>",)),
-    }
+
+class _Tiled(Family):
+    """What both InternVL formats share: an image as tiles of ``tokens_per_tile`` tokens."""
+
+    media_tokens: ClassVar[dict[str, MediaTokens]] = {"image": IMAGE_SPAN, "video": IMAGE_SPAN}
 
     def plan_image(self, width: int, height: int) -> MediaPlan:
         cfg = self.settings["image"]
-        cols, rows = closest_tile_grid(width, height, cfg["tile_size"], cfg["min_tiles"], cfg["max_tiles"])
+        cols, rows = self.tile_grid(width, height)
         tiles = cols * rows + (1 if cfg["thumbnail"] and cols * rows > 1 else 0)
         size = cfg["tile_size"]
         return MediaPlan("image", (1, rows, cols), tiles * cfg["tokens_per_tile"], (size, size))
+
+    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+class InternVL(_Tiled):
+    """transformers-native InternVL (``model_type: internvl``)."""
+
+    kind = "internvl"
+    boundary_kwargs = False  # InternVLModel passes **kwargs on to its vision tower's attention
+    chat_modes: ClassVar[tuple[str, ...]] = ("internvl",)
+    template_tokens: ClassVar[dict[str, str]] = {"image": "<IMG_CONTEXT>", "video": "<video>"}
+
+    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
+        cfg = self.settings["image"]
+        return got_ocr2_grid(width, height, cfg["tile_size"], cfg["min_tiles"], cfg["max_tiles"])
+
+    def plan_video(self, frames: int, fps: float, width: int, height: int) -> MediaPlan:
+        cfg = self.settings["video"]
+        indices = self.sample_frames(frames, fps)
+        tokens = len(indices) * self.settings["image"]["tokens_per_tile"]
+        return MediaPlan("video", (len(indices), 1, 1), tokens, (cfg["height"], cfg["width"]), indices)
+
+    def sample_frames(self, total: int, video_fps: float) -> tuple[int, ...]:
+        """Frame indices as transformers' InternVLVideoProcessor picks them: every frame, or
+        with ``do_sample_frames`` ``num_frames`` (or ``int(total / fps · video.fps)``) frames at
+        ``arange(shift, total, total / n).int()``, shift = half a step (``initial_shift``)."""
+        cfg = self.settings["video"]
+        if total <= 0:
+            raise Rejected(Reason.MEDIA_UNSUPPORTED, "video has no frames")
+        if not cfg["do_sample_frames"]:
+            return tuple(range(total))
+        count = cfg["num_frames"] or int(total / video_fps * cfg["fps"])
+        if count <= 0 or count > total:
+            raise Rejected(
+                Reason.MEDIA_UNSUPPORTED, f"video of {total} frames cannot give {count} sampled frames"
+            )
+        shift = total / count / 2 if cfg["initial_shift"] else 0.0
+        return tuple(torch_arange_int(total, total / count, start=shift))
+
+    def media_layout(self, plan: MediaPlan) -> list[LayoutElement]:
+        if plan.kind == "image":
+            return super().media_layout(plan)
+        per_frame = self.settings["image"]["tokens_per_tile"]
+        layout: list[LayoutElement] = []
+        for i in range(len(plan.frame_indices)):
+            layout += [("text", f"{'' if i == 0 else chr(10)}Frame{i + 1}: "), ("token", "<img>")]
+            layout += [("pad", per_frame), ("token", "</img>")]
+        return layout
+
+    def template_layout(self, kind: str) -> list[LayoutElement]:
+        return [("token", self.template_tokens[kind])]
+
+
+class InternVLChat(_Tiled):
+    """The original InternVL repository's format (``tokenize.profile: internvl_chat``)."""
+
+    kind = "internvl_chat"
+
+    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
+        cfg = self.settings["image"]
+        return closest_tile_grid(width, height, cfg["tile_size"], cfg["min_tiles"], cfg["max_tiles"])
 
     def plan_video(self, frames: int, fps: float, width: int, height: int) -> MediaPlan:
         count = min(self.settings["video"]["frames"], frames)
@@ -34,6 +106,23 @@ class InternVL(Family):
         size = self.settings["image"]["tile_size"]
         tokens = count * self.settings["image"]["tokens_per_tile"]
         return MediaPlan("video", (count, 1, 1), tokens, (size, size), indices)
+
+
+def got_ocr2_grid(width: int, height: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """(columns, rows) of tiles as transformers' GotOcr2 image processor chooses them
+    (``get_optimal_tiled_canvas``): grids of ``min_tiles`` … ``max_tiles`` tiles in order of
+    size (columns outer, rows inner within a size), the closest aspect ratio first; an exact
+    tie goes to the later grid while the image covers more than half of its canvas."""
+    grids = sorted(
+        (
+            (c, r)
+            for c in range(1, max_tiles + 1)
+            for r in range(1, max_tiles + 1)
+            if min_tiles <= c * r <= max_tiles
+        ),
+        key=lambda g: g[0] * g[1],
+    )
+    return _closest(grids, width, height, tile)
 
 
 def closest_tile_grid(width: int, height: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
@@ -48,12 +137,16 @@ def closest_tile_grid(width: int, height: int, tile: int, min_tiles: int, max_ti
         },
         key=lambda r: r[0] * r[1],
     )
+    return _closest(ratios, width, height, tile)
+
+
+def _closest(grids: list[tuple[int, int]], width: int, height: int, tile: int) -> tuple[int, int]:
     aspect = width / height
     best, best_diff = (1, 1), float("inf")
-    for ratio in ratios:
-        diff = abs(aspect - ratio[0] / ratio[1])
+    for grid in grids:
+        diff = abs(aspect - grid[0] / grid[1])
         if diff < best_diff:
-            best, best_diff = ratio, diff
-        elif diff == best_diff and width * height > 0.5 * tile * tile * ratio[0] * ratio[1]:
-            best = ratio
+            best, best_diff = grid, diff
+        elif diff == best_diff and width * height > 0.5 * tile * tile * grid[0] * grid[1]:
+            best = grid
     return best

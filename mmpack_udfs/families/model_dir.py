@@ -120,7 +120,8 @@ def read(source: str, storage: fs.Storage = fs.LOCAL) -> ModelDirectory:
             "conversations as the model's own template does and checks it against that template"
         )
     notes: list[str] = []
-    profile = _qwen_profile(path, source, kind, config, notes)
+    reader = _internvl_profile if kind == "internvl" else _qwen_profile
+    profile = reader(path, source, kind, config, notes)
     profile.update(template_settings(path, source, profile))
     return ModelDirectory(path, source, model_type, kind, profile, notes)
 
@@ -148,10 +149,10 @@ def template_settings(path: str, source: str, profile: Mapping[str, Any]) -> dic
 
 
 def _renderer_modules() -> list:
-    from mmpack_udfs.families import base, chat, qwen_vl
+    from mmpack_udfs.families import base, chat, internvl, qwen_vl
     from mmpack_udfs.tokenize import encoder, template_check
 
-    return [base, chat, qwen_vl, encoder, template_check]
+    return [base, chat, internvl, qwen_vl, encoder, template_check]
 
 
 def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
@@ -185,6 +186,136 @@ def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], 
         profile["tokens_per_second"] = vision_config.get("tokens_per_second", defaults["tokens_per_second"])
     profile["default_system"] = ""  # set from the chat template (families.chat_check)
     return profile
+
+
+# transformers' GotOcr2ImageProcessor and InternVLVideoProcessor class defaults (5.24)
+GOT_OCR2_DEFAULTS = {
+    "size": {"height": 384, "width": 384},
+    "resample": 3,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_patches": 1,
+    "max_patches": 12,
+    "do_resize": True,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+}
+INTERNVL_VIDEO_DEFAULTS = {
+    **{k: GOT_OCR2_DEFAULTS[k] for k in ("size", "resample", "image_mean", "image_std", "do_resize")},
+    **{k: GOT_OCR2_DEFAULTS[k] for k in ("do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb")},
+    "do_sample_frames": False,
+    "num_frames": None,
+    "fps": None,
+    "initial_shift": True,
+}
+
+
+def _internvl_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
+    """transformers-native InternVL: GotOcr2 tiles from preprocessor_config.json, 256 (the
+    processor's ``image_seq_length``) tokens a tile, the video processor's settings from
+    video_preprocessor_config.json or, as transformers falls back, preprocessor_config.json."""
+    image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
+    if image_file is None:
+        raise ConfigError(
+            f"tokenize.model: {source} has no preprocessor_config.json, which an internvl model needs"
+        )
+    image = {**GOT_OCR2_DEFAULTS, **{k: v for k, v in image_file.items() if v is not None}}
+    _refuse_other_processing(image, "preprocessor_config.json", source)
+    tile = _square(image["size"], "preprocessor_config.json", source)
+    processor = _json(path, "processor_config.json") or {}
+    per_tile = processor.get("image_seq_length", 256)
+    vision, ratio = config.get("vision_config") or {}, config.get("downsample_ratio", 0.5)
+    patch = vision.get("patch_size", 14)
+    patch = patch[0] if isinstance(patch, list) else patch
+    if (tile // patch) ** 2 * ratio**2 != per_tile:
+        raise ConfigError(
+            f"tokenize.model: {source}: image_seq_length {per_tile} (processor_config.json) differs from the "
+            f"{int((tile // patch) ** 2 * ratio**2)} tokens the vision tower makes of a {tile} px tile "
+            f"(patch {patch}, downsample_ratio {ratio})"
+        )
+    video_file = _processor_file(path, "video_preprocessor_config.json", "video_processor")
+    if video_file is None:
+        video_file = image_file  # transformers' video processors fall back to the image processor's file
+        notes.append(f"{source} has no video_preprocessor_config.json: videos use preprocessor_config.json")
+    video = {**INTERNVL_VIDEO_DEFAULTS, **{k: v for k, v in video_file.items() if v is not None}}
+    _refuse_other_processing(video, "the video processor's config", source)
+    if video["do_sample_frames"] and not (video["num_frames"] or video["fps"]):
+        raise ConfigError(
+            f"tokenize.model: {source}: the video processor samples frames (do_sample_frames) but sets "
+            "neither num_frames nor fps"
+        )
+    if not (isinstance(video["size"], dict) and video["size"].get("height") and video["size"].get("width")):
+        raise ConfigError(
+            f"tokenize.model: {source}: the video processor's size {video['size']!r} is no height and width"
+        )
+    _check_image_token(path, source, config)
+    if not isinstance(video["initial_shift"], bool):
+        raise ConfigError(
+            f"tokenize.model: {source}: initial_shift {video['initial_shift']!r} is not reproduced"
+        )
+    profile = PROFILE_MODELS[kind]().model_dump()
+    profile["image"].update(
+        tile_size=tile,
+        tokens_per_tile=per_tile,
+        min_tiles=image["min_patches"],
+        max_tiles=image["max_patches"],
+        mean=list(image["image_mean"]),
+        std=list(image["image_std"]),
+    )
+    profile["video"].update(
+        height=video["size"]["height"],
+        width=video["size"]["width"],
+        mean=list(video["image_mean"]),
+        std=list(video["image_std"]),
+        **{k: video[k] for k in ("do_sample_frames", "num_frames", "fps", "initial_shift")},
+    )
+    return profile
+
+
+def _check_image_token(path: str, source: str, config: Mapping[str, Any]) -> None:
+    """config.json's ``image_token_id`` must be the tokenizer's ``<IMG_CONTEXT>`` (the model puts the
+    image features where it finds that id)."""
+    from mmpack_udfs.tokenize import tokenizer as tokenizers
+
+    expected = config.get("image_token_id")
+    found = tokenizers.load(path).convert_tokens_to_ids("<IMG_CONTEXT>")
+    if expected is not None and found != expected:
+        raise ConfigError(
+            f"tokenize.model: {source}: config.json image_token_id {expected} is not the tokenizer's "
+            f"<IMG_CONTEXT> ({found})"
+        )
+
+
+def _refuse_other_processing(settings: Mapping[str, Any], where: str, source: str) -> None:
+    """ConfigError naming a processor option mmpack's InternVL pixels do not reproduce."""
+    required = {
+        "do_resize": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "resample": 3,
+    }
+    for key, value in required.items():
+        if settings.get(key) != value:
+            raise ConfigError(
+                f"tokenize.model: {source}: {where} sets {key} {settings.get(key)!r}; mmpack reproduces "
+                f"InternVL's processing only with {key} {value!r}"
+            )
+    if settings.get("do_center_crop") or abs(settings["rescale_factor"] - 1 / 255) > 1e-12:
+        raise ConfigError(
+            f"tokenize.model: {source}: {where} sets do_center_crop or a rescale_factor other than 1/255, "
+            "which mmpack does not reproduce"
+        )
+
+
+def _square(size: Any, where: str, source: str) -> int:
+    if not isinstance(size, dict) or size.get("height") != size.get("width") or not size.get("height"):
+        raise ConfigError(
+            f"tokenize.model: {source}: {where} size {size!r} is not a square tile (height = width)"
+        )
+    return int(size["height"])
 
 
 def _video_settings(

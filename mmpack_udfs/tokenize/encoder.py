@@ -112,7 +112,7 @@ class Piece(NamedTuple):
     media: int = -1  # index of the media item, on its pad run
     span: int = -1  # index of the media item, on every piece of its span (wrappers and pads)
     turn: int = -1  # index of the turn the piece belongs to (-1: system prompt)
-    header_chars: int = 0  # leading characters of `text` that are a role header
+    quiet: tuple[tuple[int, int], ...] = ()  # character ranges of `text` never supervised (a role header)
 
 
 @dataclass
@@ -170,10 +170,12 @@ class SampleTokenizer:
         turns: Sequence[Mapping[str, str]],
         plans: Sequence[MediaPlan],
         last_turn_only: bool = False,
+        as_template: bool = False,
     ) -> list[Piece]:
         """The pieces of one conversation, as the family's chat renderer lays out its turns;
         media plans are consumed in placeholder order. ``last_turn_only``: supervise the final
-        answer alone (a preference pair's sequences), whatever ``tokenize.loss`` says."""
+        answer alone (a preference pair's sequences), whatever ``tokenize.loss`` says.
+        ``as_template``: each media item as the chat template writes it, unexpanded."""
         chat, renderer = self.profile.chat, self.profile.renderer
         im_start, im_end = (self.special[chat.turn_start],), (self.special[chat.turn_end],)
         newline = self._constant(chat.separator)
@@ -198,13 +200,18 @@ class SampleTokenizer:
             parts = PLACEHOLDER.split(text) if "<" in text else (text,)
             for k, part in enumerate(parts):
                 if k % 2 == 1:  # a placeholder
-                    pieces += self._media_pieces(plans[next_media], next_media, t)
+                    shape = (
+                        self.profile.template_layout(plans[next_media].kind)
+                        if as_template
+                        else self.profile.media_layout(plans[next_media])
+                    )
+                    _append_joined(pieces, self._media_pieces(shape, plans[next_media], next_media, t))
                     next_media += 1
                 elif k > 0 or layout.before:
                     if part:
                         pieces.append(Piece(part, supervised=sup, turn=t))
                 elif part[:1].isspace():  # may merge with the header's newline: encode together
-                    pieces.append(Piece(header + part, supervised=sup, turn=t, header_chars=len(header)))
+                    pieces.append(Piece(header + part, supervised=sup, turn=t, quiet=((0, len(header)),)))
                 else:
                     pieces.append(Piece(None, self._constant(header), turn=t))
                     if part:
@@ -235,11 +242,11 @@ class SampleTokenizer:
             return set(model[-1:])
         return set(model)
 
-    def _media_pieces(self, plan: MediaPlan, index: int, turn: int) -> list[Piece]:
-        """The pieces of one media item, as its family lays it out: wrapper tokens, pad runs
-        (each marked with the item's index) and texts (Qwen3-VL's timestamps)."""
+    def _media_pieces(self, layout, plan: MediaPlan, index: int, turn: int) -> list[Piece]:
+        """The pieces of one media item's ``layout``: wrapper tokens, pad runs (each marked with
+        the item's index) and texts (Qwen3-VL's timestamps, InternVL's frame labels)."""
         pieces = []
-        for what, value in self.profile.media_layout(plan):
+        for what, value in layout:
             if what == "token":
                 pieces.append(Piece(None, (self.special[value],), turn=turn, span=index))
             elif what == "pad":
@@ -253,18 +260,19 @@ class SampleTokenizer:
 
     def encode(self, conversations: Sequence[list[Piece]]) -> list[Encoded]:
         """Ids, labels and piece lengths of every conversation. One Rust call encodes all plain
-        texts; texts that start with a role header (rare) go through a second call with offsets.
+        texts; supervised texts with unsupervised characters (a role header, an InternVL frame
+        label joined to the text before it: rare) go through a second call with offsets.
         The batch is assembled flat: ids in one list where a pad run is a single id (expanded
         by ``np.repeat``), labels from a per-piece supervision mask."""
-        plain = [p.text for conv in conversations for p in conv if p.text is not None and not p.header_chars]
-        headed = [p.text for conv in conversations for p in conv if p.header_chars]
+        plain = [p.text for conv in conversations for p in conv if p.text is not None and not p.quiet]
+        headed = [p.text for conv in conversations for p in conv if p.quiet]
         plain_ids = iter(self._encode_plain(plain))
         headed_enc = iter(self.backend.encode_batch(headed, add_special_tokens=False) if headed else ())
         compact: list[int] = []  # the batch's ids, each pad run as one id
         runs: list[tuple[int, int]] = []  # (position in compact, length) of each pad run
         lengths: list[int] = []  # tokens per piece
         supervised: list[bool] = []  # per piece
-        header_tokens: list[tuple[int, int]] = []  # (piece, its leading header tokens) to unsupervise
+        quiet_tokens: list[tuple[int, np.ndarray]] = []  # (piece, its tokens) to unsupervise
         for conv in conversations:
             for p in conv:
                 if p.text is None:
@@ -274,12 +282,12 @@ class SampleTokenizer:
                     else:
                         compact += p.ids * p.repeat
                     lengths.append(len(p.ids) * p.repeat)
-                elif p.header_chars:
+                elif p.quiet:
                     enc = next(headed_enc)
                     compact += enc.ids
                     lengths.append(len(enc.ids))
                     if p.supervised:
-                        header_tokens.append((len(lengths) - 1, _tokens_before(enc.offsets, p.header_chars)))
+                        quiet_tokens.append((len(lengths) - 1, _tokens_in(enc.offsets, p.quiet)))
                 else:
                     ids = next(plain_ids)
                     compact += ids
@@ -291,8 +299,8 @@ class SampleTokenizer:
         token_ids = np.repeat(np.array(compact, np.int32), repeats)
         starts = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
         mask = np.repeat(np.array(supervised, bool), lengths)
-        for piece, count in header_tokens:
-            mask[starts[piece] : starts[piece] + count] = False
+        for piece, tokens in quiet_tokens:
+            mask[starts[piece] + tokens] = False
         labels = np.where(mask, token_ids, np.int32(IGNORE))
         out, first_piece = [], 0
         for conv in conversations:
@@ -440,9 +448,29 @@ def _pair_turns(sample: Mapping[str, Any]) -> tuple[list[Mapping[str, str]], lis
     return turns, [*turns[:-1], {"role": turns[-1]["role"], "text": sample["rejected"]}]
 
 
-def _tokens_before(offsets: Sequence[tuple[int, int]], chars: int) -> int:
-    """How many leading tokens start inside the first ``chars`` characters."""
-    return next((i for i, (start, _) in enumerate(offsets) if start >= chars), len(offsets))
+def _tokens_in(offsets: Sequence[tuple[int, int]], ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The indices of the tokens that start inside one of the character ``ranges``."""
+    starts = np.array([start for start, _ in offsets], np.int64)
+    inside = np.zeros(len(starts), bool)
+    for first, end in ranges:
+        inside |= (starts >= first) & (starts < end)
+    return np.flatnonzero(inside)
+
+
+def _append_joined(pieces: list[Piece], media: list[Piece]) -> None:
+    """Append a media item's pieces; a text it starts with (InternVL's ``Frame1: ``) joins the
+    text before it, as the processor's expanded string is tokenized: one text between two
+    special tokens. The joined piece belongs to the item's span; its part from the item is
+    never supervised."""
+    before = pieces[-1] if pieces else None
+    first = media[0]
+    if first.text is None or before is None or before.text is None or before.turn != first.turn:
+        pieces += media
+        return
+    text = before.text + first.text
+    quiet = (*before.quiet, (len(before.text), len(text))) if before.supervised else ()
+    pieces[-1] = Piece(text, supervised=before.supervised, span=first.span, turn=first.turn, quiet=quiet)
+    pieces += media[1:]
 
 
 def _assemble(sample_id: str, sample, plans, pieces, enc: Encoded) -> Tokenized:

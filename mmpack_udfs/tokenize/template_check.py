@@ -7,8 +7,8 @@ whitespace at the edges, reasoning blocks, tool turns) twice: with the directory
 template and tokenizer as transformers does, and with each renderer the family knows
 (``Family.chat_modes``). The first renderer whose ids are identical on every probe is the
 one the run uses; if none is, the run is refused naming the first difference. Media are
-compared at the template's level (one pad per item: the processor's expansion of pads is the
-family's and is tested against the processors).
+compared at the template's level (``Family.template_layout``: the processor's expansion of an
+item is the family's and is tested against the processors).
 """
 
 from __future__ import annotations
@@ -135,7 +135,8 @@ def _first_difference(sample_tokenizer, hf, template: str) -> str | None:
                 continue
             raise
         try:
-            (ours,) = sample_tokenizer.encode([sample_tokenizer.render(system, turns, plans)])
+            pieces = sample_tokenizer.render(system, turns, plans, as_template=True)
+            (ours,) = sample_tokenizer.encode([pieces])
         except Rejected as rejected:
             return f"probe {turns!r} was rejected: {rejected}"
         got = ours.ids.tolist()

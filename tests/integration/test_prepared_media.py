@@ -72,7 +72,7 @@ def test_prepared_media_need_embedding_and_a_qwen_vl_profile():
     from mmpack_udfs.config import ConfigError, load_config
 
     needs = r"pack\.media: prepared needs pack\.embed_media true and a Qwen-VL profile"
-    for other in ("pack.embed_media=false", "tokenize.profile=internvl"):
+    for other in ("pack.embed_media=false", "tokenize.profile=internvl_chat"):
         with pytest.raises(ConfigError, match=needs):
             load_config(None, ["pack.media=prepared", other])
     assert load_config(None, ["pack.media=prepared"]).pack.media == "prepared"

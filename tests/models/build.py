@@ -27,8 +27,16 @@ MODELS = {
     "qwen3_vl_moe": ("qwen3_vl", "qwen3_vl_moe", "qwen2", "chat_template.instruct.jinja"),
     "qwen3_5": ("qwen3_5", "qwen3_5", "qwen3_5", "chat_template.jinja"),
     "qwen3_5_moe": ("qwen3_5", "qwen3_5_moe", "qwen3_5", "chat_template.jinja"),
+    "internvl": ("internvl", "internvl", "qwen2", "chat_template.jinja"),
 }
-PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+# the tokenizer's named tokens of transformers-native InternVL (its tokenizer_config.json)
+INTERNVL_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
 
 
 def tiny_models():
@@ -51,6 +59,13 @@ def build_model_dir(name: str, target: Path) -> Path:
         shutil.copy(published / template, target / "chat_template.json")
     else:
         shutil.copy(published / template, target / "chat_template.jinja")
+    sampling = published / "video_preprocessor_config.test.json"  # the tests' frame sampling
+    if sampling.exists():
+        shutil.copy(sampling, target / "video_preprocessor_config.json")
+    if model_type == "internvl":
+        settings = json.loads((target / "tokenizer_config.json").read_text())
+        settings.update(INTERNVL_TOKENS, model_specific_special_tokens=INTERNVL_TOKENS)
+        (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
     config = tiny_models().tiny_config(model_type)
     (target / "config.json").write_text(json.dumps(config, indent=1))
     return target

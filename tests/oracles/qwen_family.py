@@ -50,7 +50,7 @@ def messages(system: str | None, turns: list[dict]) -> list[dict[str, Any]]:
     return out
 
 
-def labels_of(tokenizer, text: str, ids: list[int]) -> list[int]:
+def labels_of(tokenizer, text: str, ids: list[int], media_span: re.Pattern = MEDIA_SPAN) -> list[int]:
     """Supervised tokens of the expanded text: assistant turns after their header through
     ``<|im_end|>``, media spans excluded (by the tokens' character offsets)."""
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -58,7 +58,7 @@ def labels_of(tokenizer, text: str, ids: list[int]) -> list[int]:
     supervised = np.zeros(len(text) + 1, bool)
     for turn in ASSISTANT_TURN.finditer(text):
         supervised[turn.start(1) : turn.end(0)] = True
-    for span in MEDIA_SPAN.finditer(text):
+    for span in media_span.finditer(text):
         supervised[span.start() : span.end()] = False
     return [
         i if supervised[start] else -100 for i, (start, _) in zip(ids, encoded.offset_mapping, strict=True)

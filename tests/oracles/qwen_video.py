@@ -1,4 +1,5 @@
-"""Subprocess half of the video oracle: transformers' own video processor on a video file.
+"""Subprocess half of the video oracle: transformers' own video processor on a video file
+(the Qwen-VL line's, InternVL's).
 
 Runs where torchvision is importable (``make test`` installs it, tests only, under
 ``.venv/torchvision-cpu``; ``torchvision_boot/sitecustomize.py`` lets the CUDA wheel import on
@@ -32,6 +33,10 @@ def frames_of(uri: str) -> tuple[np.ndarray, float]:
 
 
 def processor(family: str, settings: dict):
+    if family == "internvl":
+        from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
+
+        return InternVLVideoProcessor(**settings)
     if family in ("qwen3_vl", "qwen3_5"):
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -45,6 +50,11 @@ def text_processor(family: str, video_processor, tokenizer):
     """The family's processor class around the video processor (for its pad replacement)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    if family == "internvl":
+        from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+        from transformers.models.internvl.processing_internvl import InternVLProcessor
+
+        return InternVLProcessor(GotOcr2ImageProcessorPil(), tokenizer, video_processor)
     if family in ("qwen3_vl", "qwen3_5"):
         from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor as cls
     else:
@@ -66,14 +76,23 @@ def main() -> None:
         frames, fps = frames_of(video["uri"])
         every = list(range(len(frames)))
         metadata = VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=every)
-        out, (replacement,) = wrapper._process_videos(  # the processor's own video half
-            videos=[frames], video_metadata=[metadata], do_sample_frames=True, return_metadata=True,
-            return_tensors="pt", input_data_format="channels_last", cap_pixels_per_frame=False,
-        )  # fmt: skip
-        np.save(video["out"], out["pixel_values_videos"].numpy())
+        if family == "internvl":  # frame sampling as the directory's video processor config says
+            out, (replacement,) = wrapper._process_videos(
+                videos=[frames], video_metadata=[metadata], return_metadata=True, return_tensors="pt",
+                input_data_format="channels_last",
+            )  # fmt: skip
+            pixels = out["pixel_values_videos"][0]
+            grid = [len(pixels), 1, 1]
+        else:
+            out, (replacement,) = wrapper._process_videos(  # the processor's own video half
+                videos=[frames], video_metadata=[metadata], do_sample_frames=True, return_metadata=True,
+                return_tensors="pt", input_data_format="channels_last", cap_pixels_per_frame=False,
+            )  # fmt: skip
+            pixels, grid = out["pixel_values_videos"], [int(x) for x in out["video_grid_thw"][0]]
+        np.save(video["out"], pixels.numpy())
         result = {
             "frame_indices": [int(i) for i in out["video_metadata"][0].frames_indices],
-            "grid": [int(x) for x in out["video_grid_thw"][0]],
+            "grid": grid,
             "replacement": replacement,
         }
         if "second_per_grid_ts" in out:

@@ -37,6 +37,7 @@ def copy_of(built, name, tmp_path):
         ("qwen3_vl_moe", "qwen3_vl", "qwen3", ""),
         ("qwen3_5", "qwen3_5", "qwen3_5", ""),
         ("qwen3_5_moe", "qwen3_5", "qwen3_5", ""),
+        ("internvl", "internvl", "internvl", ""),
     ],
 )
 def test_each_published_directory_resolves_to_its_family_and_renderer(built, name, kind, chat, system):

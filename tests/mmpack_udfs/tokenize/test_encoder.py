@@ -308,8 +308,8 @@ def test_split_with_a_round_that_cannot_fit_quarantines():
     assert not done and quarantined[0]["reason"] == "too_long"
 
 
-def test_internvl_tiles():
-    config = load_config(None, ["tokenize.profile=internvl"])
+def test_internvl_chat_tiles():
+    config = load_config(None, ["tokenize.profile=internvl_chat"])
     tok = SampleTokenizer(TokenizeSettings.from_config(config))
     plan = tok.profile.plan_image
     assert plan(448, 448).num_tokens == 256  # one tile, no thumbnail
