@@ -6,6 +6,7 @@ Both the jobs and any reader import these; nothing else spells a column list.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -15,6 +16,8 @@ from mmpack_udfs.io import fs
 
 # Turn texts in the samples table mark media with these placeholders, whatever the input used.
 IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER = "<image>", "<video>"
+# either placeholder, as one group (``split`` keeps them)
+MEDIA_PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 AUDIO_PLACEHOLDER = "<audio>"  # recognised only to refuse it: no profile encodes audio
 
 TURN = pa.struct([("role", pa.string()), ("text", pa.string())])

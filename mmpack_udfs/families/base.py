@@ -65,9 +65,7 @@ class Family:
     chat: ClassVar[ChatFormat] = ChatFormat()  # ChatML
     chat_modes: ClassVar[tuple[str, ...]] = ("chatml",)  # the renderers its templates may need
     media_tokens: ClassVar[dict[str, MediaTokens]] = {}
-    template_tokens: ClassVar[
-        dict[str, str]
-    ] = {}  # what the chat template writes for a media item, if not its span
+    template_tokens: ClassVar[dict[str, str]] = {}  # a media item as its template writes it, if not its span
     mrope = False  # whether the language model takes 3-row multimodal rotary positions
     linear_attention = False  # whether its language model has recurrent (linear-attention) layers
     # whether a forward may take the batch's boundaries as keyword arguments (cu_seq_lens_q/k,

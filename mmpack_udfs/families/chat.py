@@ -26,13 +26,12 @@ header (think block, answer, ``<|im_end|>``); never the header, the template's n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mmpack_udfs.families.base import LayoutElement
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from mmpack_udfs.schemas import MEDIA_PLACEHOLDER
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_response>", "</tool_response>"
@@ -67,11 +66,10 @@ class InternVL(ChatML):
     """transformers-native InternVL: ChatML, a newline after every media item."""
 
     name = "internvl"
-    placeholder = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 
     def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
         return [
-            TurnLayout(layout.role, self.placeholder.sub(r"\1\n", layout.body))
+            TurnLayout(layout.role, MEDIA_PLACEHOLDER.sub(r"\1\n", layout.body))
             for layout in super().turns(turns)
         ]
 

@@ -203,8 +203,7 @@ GOT_OCR2_DEFAULTS = {
     "do_convert_rgb": True,
 }
 INTERNVL_VIDEO_DEFAULTS = {
-    **{k: GOT_OCR2_DEFAULTS[k] for k in ("size", "resample", "image_mean", "image_std", "do_resize")},
-    **{k: GOT_OCR2_DEFAULTS[k] for k in ("do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb")},
+    **{k: v for k, v in GOT_OCR2_DEFAULTS.items() if k not in ("min_patches", "max_patches")},
     "do_sample_frames": False,
     "num_frames": None,
     "fps": None,
@@ -235,6 +234,7 @@ def _internvl_profile(path: str, source: str, kind: str, config: Mapping[str, An
             f"{int((tile // patch) ** 2 * ratio**2)} tokens the vision tower makes of a {tile} px tile "
             f"(patch {patch}, downsample_ratio {ratio})"
         )
+    _check_image_token(path, source, config)
     video_file = _processor_file(path, "video_preprocessor_config.json", "video_processor")
     if video_file is None:
         video_file = image_file  # transformers' video processors fall back to the image processor's file
@@ -250,7 +250,6 @@ def _internvl_profile(path: str, source: str, kind: str, config: Mapping[str, An
         raise ConfigError(
             f"tokenize.model: {source}: the video processor's size {video['size']!r} is no height and width"
         )
-    _check_image_token(path, source, config)
     if not isinstance(video["initial_shift"], bool):
         raise ConfigError(
             f"tokenize.model: {source}: initial_shift {video['initial_shift']!r} is not reproduced"

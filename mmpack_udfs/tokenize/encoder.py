@@ -22,7 +22,6 @@ import dataclasses
 import gc
 import json
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import Family, MediaPlan, make_family
 from mmpack_udfs.io import fs
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, PAIR_SIDES, TOKENIZED, VIDEO_PLACEHOLDER
+from mmpack_udfs.schemas import MEDIA_PLACEHOLDER, PAIR_SIDES, TOKENIZED
 from mmpack_udfs.tokenize import fast
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
     from mmpack_udfs.config import Config
 
 MODEL_SIDE = {"assistant", "function_call"}
-PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+PLACEHOLDER = MEDIA_PLACEHOLDER
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from typing import Any
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import MediaPlan
 from mmpack_udfs.reasons import Rejected
-from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, MEDIA_PLACEHOLDER
 
-PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+PLACEHOLDER = MEDIA_PLACEHOLDER
 Turns = list[dict[str, str]]
 
 

@@ -62,7 +62,11 @@ def reference(model_dir: Path, tokenizer, sample: dict, videos) -> dict[str, Any
     wrapper = processor(model_dir, tokenizer)
     # the processor's own text for each item (replace_image_token, replace_video_token), put in
     # place of the template's placeholders in order, and tokenized as the processor does
-    image_texts = iter(wrapper._process_images(images, crop_to_patches=True)[1] if images else [])
+    processed, image_texts = wrapper._process_images(images, crop_to_patches=True) if images else ({}, [])
+    image_texts = iter(image_texts)
+    image_tiles = np.split(
+        np.asarray(processed.get("pixel_values", [])), np.cumsum(processed.get("num_patches", []))[:-1]
+    )
     video_texts = iter([videos(m)["replacement"] for m in sample["media"] if m["kind"] == "video"])
     expanded = re.sub(
         r"<IMG_CONTEXT>|<video>",
@@ -73,10 +77,10 @@ def reference(model_dir: Path, tokenizer, sample: dict, videos) -> dict[str, Any
     if not any(m["kind"] == "video" for m in sample["media"]):  # the whole processor agrees
         assert list(wrapper(text=[text], images=images or None)["input_ids"][0]) == ids
     pixels, tiles = [], []
+    images_in_order = iter(image_tiles)
     for m in sample["media"]:
         if m["kind"] == "image":
-            done = wrapper.image_processor(images=[rgb(m["uri"])], crop_to_patches=True)
-            pixels.append(np.asarray(done["pixel_values"]))
+            pixels.append(next(images_in_order))
         else:
             pixels.append(videos(m)["pixels"])
         tiles.append(len(pixels[-1]))
