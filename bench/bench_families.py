@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=50000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parse_with_smoke(parser, samples=100, rounds=1)
+    args = parse_with_smoke(parser, samples=40, rounds=1)
     spark = bench_spark(args.master, driver_memory="6g")
     root = OUT / f"families-data-{args.samples}"
     if (root / ".complete").exists():

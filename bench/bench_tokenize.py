@@ -64,7 +64,7 @@ def stage_texts(settings: TokenizeSettings, samples_uri: str) -> Path:
     texts = []
     for row in tables.read_arrow(samples_uri).to_pylist():
         try:
-            plans = [tokenizer.profile.plan(m) for m in row["media"]]
+            plans = tokenizer.profile.plans(row["media"])
         except Exception:
             continue  # quarantined by the stage too
         texts += [p.text for p in tokenizer.render(row["system"], row["turns"], plans) if p.text]

@@ -145,6 +145,29 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "downsample_ratio": 0.5,
         "image_token_id": 151667,
     },
+    # llava-onevision-qwen2-0.5b-ov-hf's geometry: SigLIP at 384 px, patch 14 → 27 × 27 = 729 tokens
+    # per crop (processor_config.json num_image_tokens), the 36 anyres pinpoints of
+    # preprocessor_config.json, "full" features of the last layer, anyres_max_9; the Qwen2-0.5B
+    # vocabulary (151936) + <image>, <video>, padded to a multiple of 64 as the conversion does
+    "llava_onevision": {
+        "text_config": {"model_type": "qwen2", **TEXT, "vocab_size": 152000, "use_sliding_window": False},
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 384,
+            "patch_size": 14,
+            "vision_use_head": False,
+        },
+        "image_token_index": 151646,
+        "video_token_index": 151647,
+        "vision_feature_select_strategy": "full",
+        "vision_feature_layer": -1,
+        "vision_aspect_ratio": "anyres_max_9",
+        "image_grid_pinpoints": [[384 * i, 384 * j] for i in range(1, 7) for j in range(1, 7)],
+    },
 }
 
 

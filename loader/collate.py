@@ -20,7 +20,14 @@ import torch
 from loader import vision
 from loader.dataset import IGNORE
 
-VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+VISION_INPUTS = (  # concatenated across bins in order
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "image_sizes",  # LLaVA-OneVision
+    "batch_num_images",
+)
 
 
 class PackedBatch(dict):

@@ -372,7 +372,8 @@ class _RowGroup:
             if self.pixels is not None:
                 item.update(_qwen_pixels(media, self.profile, storage, self.pixels))
         elif media:
-            item.update(_internvl_media(media, self.profile, storage, self.pixels))
+            inputs = {"tiles": _internvl_media, "anyres": _llava_onevision_media}[self.family.pixel_layout]
+            item.update(inputs(media, self.family, storage, self.pixels))
         return item
 
 
@@ -440,16 +441,21 @@ def _qwen2_vl_patches8(item: dict, storage: fs.Storage, pixels: _Pixels) -> np.n
     return vision.qwen2_vl_patches8(_frames(item, storage), item)
 
 
-def _internvl_media(
-    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: _Pixels
-) -> dict[str, Any]:
-    """Every item's tiles in order (images and video frames together, as transformers' processor
-    concatenates them), normalized with the mean/std of the item's kind."""
-    image, native = profile["image"], profile["kind"] == "internvl"
-    norms = {
+def _norms(profile: Mapping[str, Any]) -> dict[str, tuple]:
+    """(mean, std) per media kind (ImageNet's where a profile has none: the original InternVL)."""
+    return {
         kind: (profile[kind].get("mean", vision.IMAGENET_MEAN), profile[kind].get("std", vision.IMAGENET_STD))
         for kind in ("image", "video")
     }
+
+
+def _internvl_media(
+    media: list[dict], family: Family, storage: fs.Storage, pixels: _Pixels
+) -> dict[str, Any]:
+    """Every item's tiles in order (images and video frames together, as transformers' processor
+    concatenates them), normalized with the mean/std of the item's kind."""
+    image, native = family.settings["image"], family.video_processor_resize
+    norms = _norms(family.settings)
     tiles = []
     for m in media:
         raw = vision.internvl_tiles(
@@ -468,4 +474,51 @@ def _internvl_media(
                 "they share one pixel_values tensor; use pixel_dtype float32 or bfloat16"
             )
         out["pixel_norm"] = {"pixel_values": norms[next(iter(kinds))]}
+    return out
+
+
+def _llava_onevision_media(
+    media: list[dict], family: Family, storage: fs.Storage, pixels: _Pixels
+) -> dict[str, Any]:
+    """LLaVA-OneVision's inputs: every image's crops in order in one ``pixel_values`` [crops, 3, S,
+    S] (4-D: the model takes it as is), ``image_sizes`` (original height, width),
+    ``batch_num_images`` (images per sample: one image is cut into anyres crops, several are one
+    square crop each), and ``pixel_values_videos`` [videos, frames, 3, H, W] (a fixed frame count:
+    ``LlavaOnevision.plan_video``)."""
+    settings, norms = family.settings, _norms(family.settings)
+    out: dict[str, Any] = {}
+    images = [m for m in media if m["kind"] == "image"]
+    videos = [m for m in media if m["kind"] == "video"]
+    if images:
+        image = settings["image"]
+        crops = np.concatenate(
+            [
+                vision.llava_onevision_crops(_frames(m, storage)[0], m, image["crop_size"], image["mean"])
+                for m in images
+            ]
+        )
+        out["pixel_values"] = pixels.tensor(
+            crops
+            if pixels.computed == "uint8"
+            else vision.normalize(crops, *(np.asarray(v, np.float32) for v in norms["image"]), axis=1)
+        )
+        out["image_sizes"] = torch.tensor([[m["height"], m["width"]] for m in images])
+        per_sample = Counter(m["sample_index"] for m in images)
+        out["batch_num_images"] = torch.tensor([per_sample[i] for i in sorted(per_sample)])
+    if videos:
+        size = (videos[0]["resized_height"], videos[0]["resized_width"])
+        clips = np.stack(
+            [vision.resized_video_rgb8(_frames(m, storage), *size).transpose(0, 3, 1, 2) for m in videos]
+        )
+        out["pixel_values_videos"] = pixels.tensor(
+            clips
+            if pixels.computed == "uint8"
+            else vision.normalize(clips, *(np.asarray(v, np.float32) for v in norms["video"]), axis=2)
+        )
+    if pixels.computed == "uint8":  # what normalize_pixel_values needs on the device
+        out["pixel_norm"] = {
+            key: norms[kind]
+            for key, kind in (("pixel_values", "image"), ("pixel_values_videos", "video"))
+            if key in out
+        }
     return out

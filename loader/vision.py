@@ -13,6 +13,7 @@ frames one tile each.
 from __future__ import annotations
 
 import io
+import math
 import os
 import tempfile
 
@@ -265,6 +266,37 @@ def internvl_tiles(
             tiles = np.concatenate([tiles, chw(frames[0], tile_size, tile_size)[None]])
     tiles = np.ascontiguousarray(tiles)
     return tiles if dtype == "uint8" else normalize_internvl(tiles)
+
+
+def llava_onevision_crops(image: Image.Image, item: dict, crop: int, mean) -> np.ndarray:
+    """[crops, 3, crop, crop] uint8, as transformers' LLaVA-OneVision image processor (PIL backend)
+    cuts an image. The only image of a sample (grid rows × columns > 0): the whole image resized
+    to one crop, then the tiles of the image resized into its grid's canvas (aspect kept, the
+    larger scale's side ceil-ed) and centred on zeros. An image among several (grid 0 × 0): padded
+    to a centred square with the ``mean`` colour (int(mean · 255)), resized to one crop."""
+    rows, cols = item["grid_h"], item["grid_w"]
+    pixels = np.asarray(image)
+    height, width = pixels.shape[:2]
+    if rows == 0:
+        side = max(height, width)
+        square = np.empty((side, side, 3), np.uint8)
+        square[:] = [int(m * 255) for m in mean]
+        top, left = (
+            (side - height) // 2 if width > height else 0,
+            (side - width) // 2 if width <= height else 0,
+        )
+        square[top : top + height, left : left + width] = pixels
+        return resized_rgb8([Image.fromarray(square)], crop, crop).transpose(0, 3, 1, 2)
+    canvas_h, canvas_w = rows * crop, cols * crop
+    if canvas_w / width < canvas_h / height:
+        new_w, new_h = canvas_w, min(math.ceil(height * canvas_w / width), canvas_h)
+    else:
+        new_h, new_w = canvas_h, min(math.ceil(width * canvas_h / height), canvas_w)
+    canvas = np.zeros((canvas_h, canvas_w, 3), np.uint8)
+    top, left = (canvas_h - new_h) // 2, (canvas_w - new_w) // 2
+    canvas[top : top + new_h, left : left + new_w] = resized_rgb8([image], new_h, new_w)[0]
+    tiles = canvas.reshape(rows, crop, cols, crop, 3).transpose(0, 2, 4, 1, 3).reshape(-1, 3, crop, crop)
+    return np.concatenate([resized_rgb8([image], crop, crop).transpose(0, 3, 1, 2), tiles])
 
 
 def normalize_internvl(tiles: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:

@@ -19,6 +19,7 @@ from mmpack_udfs.errors import ConfigError
 
 FREE_FORM_KEYS = {"spark.conf"}  # maps whose keys contain dots (Spark settings)
 OPEN_MAPS = FREE_FORM_KEYS | {"profiles", "balance.cost_model"}  # maps that accept new keys
+MODEL_KEYS = f"profiles.{MODEL_PROFILE}."
 
 
 def load_config(config_file: str | os.PathLike | None = None, overrides: Iterable[str] = ()) -> Config:
@@ -104,7 +105,8 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any], where: str = "", p
     result = copy.deepcopy(dict(base))
     for key, value in update.items():
         dotted = f"{prefix}{key}"
-        if key not in base and prefix.rstrip(".") not in OPEN_MAPS:
+        # keys under profiles.model are checked once the model directory's profile is there
+        if key not in base and prefix.rstrip(".") not in OPEN_MAPS and not prefix.startswith(MODEL_KEYS):
             valid = ", ".join(sorted(f"{prefix}{k}" for k in base))
             raise ConfigError(f"{where}: unknown config key '{dotted}' (valid here: {valid})")
         if isinstance(base.get(key), dict) and isinstance(value, dict):

@@ -465,13 +465,21 @@ class BalanceConfig(Section):
             "qwen3_5": _seven_b_llm(2.4e9, 3.7e5),  # Qwen3-VL's vision tower
             "internvl": _seven_b_llm(1.8e9, 2.95e5),  # InternViT-300M (24 × 1024)
             "internvl_chat": _seven_b_llm(1.8e9, 2.95e5),  # the same tower
+            "llava_onevision": _seven_b_llm(2.4e9, 3.7e5),  # SigLIP so400m (27 × 1152)
         },
         description="the cost model of each profile, by profile name",
     )
 
 
 Number = Annotated[int | float, _rule("must be a positive number", _positive)]
-CHAT_MODES = ("chatml", "internvl", "qwen3", "qwen3_thinking", "qwen3_5")  # families/chat.py: CHAT_RENDERERS
+CHAT_MODES = (
+    "chatml",
+    "internvl",
+    "llava_onevision",
+    "qwen3",
+    "qwen3_thinking",
+    "qwen3_5",
+)  # families/chat.py: CHAT_RENDERERS
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]  # OpenAI CLIP (Qwen2-VL, Qwen2.5-VL)
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 HALF = [0.5, 0.5, 0.5]  # Qwen3-VL, Qwen3.5
@@ -528,8 +536,9 @@ class ProfileSection(Section):
     )
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field(
         "chatml",
-        description="how turns render (families/chat.py): `chatml`, `internvl`, `qwen3`, `qwen3_thinking`, "
-        "`qwen3_5`; with `tokenize.model`: the one that reproduces the directory's chat template",
+        description="how turns render (families/chat.py): `chatml`, `internvl`, `llava_onevision`, `qwen3`, "
+        "`qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the one that reproduces the directory's chat "
+        "template",
     )
 
 
@@ -619,9 +628,11 @@ class InternVLHFImage(InternVLImage):
     std: Triple = Field(IMAGENET_STD, description="per-channel standard deviation")
 
 
-class InternVLVideo(Section):
-    height: PositiveInt = Field(448, description="frame height the vision encoder sees (one tile per frame)")
-    width: PositiveInt = Field(448, description="frame width the vision encoder sees")
+class ProcessorVideo(Section):
+    """A transformers video processor's settings: every frame, or a sample of them, resized."""
+
+    height: PositiveInt = Field(384, description="frame height the vision encoder sees")
+    width: PositiveInt = Field(384, description="frame width the vision encoder sees")
     do_sample_frames: Flag = Field(
         False, description="sample frames (false: every frame, the processor's default)"
     )
@@ -629,6 +640,13 @@ class InternVLVideo(Section):
     fps: OptionalNumber = Field(
         None, description="frames sampled per second of video, when `num_frames` is null"
     )
+    mean: Triple = Field(HALF, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(HALF, description="per-channel standard deviation")
+
+
+class InternVLVideo(ProcessorVideo):
+    height: PositiveInt = Field(448, description="frame height the vision encoder sees (one tile per frame)")
+    width: PositiveInt = Field(448, description="frame width the vision encoder sees")
     initial_shift: Flag = Field(True, description="sampled frames start half a step into the clip")
     mean: Triple = Field(IMAGENET_MEAN, description="per-channel mean the pixels are normalized with")
     std: Triple = Field(IMAGENET_STD, description="per-channel standard deviation")
@@ -644,12 +662,86 @@ class InternVLProfile(ProfileSection):
     video: InternVLVideo = InternVLVideo()
 
 
+LLAVA_PINPOINTS = [[384 * i, 384 * j] for i in range(1, 7) for j in range(1, 7)]  # llava-onevision-*-ov-hf
+
+
+def _pinpoints(value: Any) -> list[list[int]]:
+    if not isinstance(value, list) or not value:
+        raise ValueError
+    pairs = [
+        [_whole(1)(v) for v in pair] for pair in value if isinstance(pair, list | tuple) and len(pair) == 2
+    ]
+    if len(pairs) != len(value):
+        raise ValueError
+    return pairs
+
+
+Pinpoints = Annotated[list[list[int]], _rule("must be a list of [height, width] pairs", _pinpoints)]
+
+
+class LlavaOnevisionImage(Section):
+    crop_size: PositiveInt = Field(384, description="crop side in pixels (the vision tower's image size)")
+    tokens_per_crop: PositiveInt = Field(729, description="`<image>` tokens per crop (a square number)")
+    pinpoints: Pinpoints = Field(
+        LLAVA_PINPOINTS, description="the anyres resolutions [height, width], multiples of `crop_size`"
+    )
+    max_crops: PositiveInt = Field(9, description="crops' worth of grid features kept (`anyres_max_9`)")
+    mean: Triple = Field(HALF, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(HALF, description="per-channel standard deviation")
+
+
+class LlavaOnevisionVideo(ProcessorVideo):
+    """LlavaOnevisionVideoProcessor: 384 px frames (its image size), mean/std 0.5."""
+
+
+class LlavaOnevisionProfile(ProfileSection):
+    """LLaVA-OneVision in transformers (`-ov-hf` checkpoints): anyres crops, pooled video frames."""
+
+    kind: Literal["llava_onevision"] = Field(
+        "llava_onevision", description="which model family the profile describes"
+    )
+    default_system: str = Field("", description="system prompt of samples that have none (empty: none)")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("llava_onevision", description="how turns render")
+    image: LlavaOnevisionImage = LlavaOnevisionImage()
+    video: LlavaOnevisionVideo = LlavaOnevisionVideo()
+
+    @model_validator(mode="after")
+    def _crops_fit(self) -> LlavaOnevisionProfile:
+        size, tokens = self.image.crop_size, self.image.tokens_per_crop
+        if math.isqrt(tokens) ** 2 != tokens:
+            raise PydanticCustomError(
+                "mmpack_named", "image.tokens_per_crop {n} is not a square number", {"n": tokens}
+            )
+        for pin in self.image.pinpoints:
+            if pin[0] % size or pin[1] % size:
+                raise PydanticCustomError(
+                    "mmpack_named",
+                    "image.pinpoints: {pin} is not a multiple of image.crop_size {size}",
+                    {"pin": str(pin), "size": size},
+                )
+        return self
+
+
 ProfileConfig = Annotated[
-    Qwen2VLProfile | Qwen25VLProfile | Qwen3VLProfile | Qwen35Profile | InternVLProfile | InternVLChatProfile,
+    Qwen2VLProfile
+    | Qwen25VLProfile
+    | Qwen3VLProfile
+    | Qwen35Profile
+    | InternVLProfile
+    | InternVLChatProfile
+    | LlavaOnevisionProfile,
     Field(discriminator="kind"),
 ]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
-PROFILE_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "internvl_chat")
+PROFILE_KINDS = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_5",
+    "internvl",
+    "internvl_chat",
+    "llava_onevision",
+)
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen2_vl": Qwen2VLProfile,
     "qwen2_5_vl": Qwen25VLProfile,
@@ -657,6 +749,7 @@ PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen3_5": Qwen35Profile,
     "internvl": InternVLProfile,
     "internvl_chat": InternVLChatProfile,
+    "llava_onevision": LlavaOnevisionProfile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")  # patch-based (prepared media, mRoPE)
@@ -701,6 +794,7 @@ class Config(Section):
             "qwen3_5": Qwen35Profile(),
             "internvl": InternVLProfile(),
             "internvl_chat": InternVLChatProfile(),
+            "llava_onevision": LlavaOnevisionProfile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",
@@ -740,7 +834,7 @@ class Config(Section):
 
     # -- views the stages use --------------------------------------------------------------
     @property
-    def profile(self) -> Qwen2VLProfile | Qwen3VLProfile | InternVLProfile | InternVLChatProfile:
+    def profile(self) -> ProfileSection:
         """The profile the run tokenizes with (``profiles[tokenize.profile]``)."""
         return self.profiles[self.tokenize.profile]
 

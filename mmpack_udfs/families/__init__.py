@@ -12,6 +12,7 @@ from typing import Any
 
 from mmpack_udfs.families.base import ChatFormat, Family, MediaPlan, MediaTokens
 from mmpack_udfs.families.internvl import InternVL, InternVLChat
+from mmpack_udfs.families.llava_onevision import LlavaOnevision
 from mmpack_udfs.families.qwen_vl import Qwen2VL, Qwen3VL, Qwen25VL, Qwen35
 
 FAMILIES: dict[str, type[Family]] = {
@@ -21,6 +22,7 @@ FAMILIES: dict[str, type[Family]] = {
     "qwen3_5": Qwen35,
     "internvl": InternVL,
     "internvl_chat": InternVLChat,
+    "llava_onevision": LlavaOnevision,
 }
 
 MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
@@ -31,6 +33,7 @@ MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
     "qwen3_5": "qwen3_5",
     "qwen3_5_moe": "qwen3_5",
     "internvl": "internvl",
+    "llava_onevision": "llava_onevision",
 }
 
 

@@ -27,7 +27,8 @@ class MediaPlan:
     """What one media item becomes: its grid, token count and (videos) the frames to decode."""
 
     kind: str
-    grid: tuple[int, int, int]  # qwen: (t, h, w) in vision patches; internvl: (t, rows, cols) tiles
+    grid: tuple[int, int, int]  # qwen: (t, h, w) in vision patches; internvl: (t, rows, cols) tiles;
+    # llava_onevision: (1, rows, cols) anyres tiles, (1, 0, 0) one square crop, (frames, 0, 0) a video
     num_tokens: int  # pad tokens of the item, all groups together
     resized: tuple[int, int]  # (height, width) the vision encoder sees (per tile for internvl)
     frame_indices: tuple[int, ...] = ()
@@ -66,7 +67,12 @@ class Family:
     chat_modes: ClassVar[tuple[str, ...]] = ("chatml",)  # the renderers its templates may need
     media_tokens: ClassVar[dict[str, MediaTokens]] = {}
     template_tokens: ClassVar[dict[str, str]] = {}  # a media item as its template writes it, if not its span
+    content_parts = False  # whether its chat template reads every message's content as a list of parts
     mrope = False  # whether the language model takes 3-row multimodal rotary positions
+    # how the loader hands over pixels (loader/dataset.py): "patches" (Qwen-VL's flattened
+    # patches and grids), "tiles" (InternVL), "anyres" (LLaVA-OneVision's crops and image sizes)
+    pixel_layout = "patches"
+    video_processor_resize = False  # video frames resized as transformers' video processors do (torch)
     linear_attention = False  # whether its language model has recurrent (linear-attention) layers
     # whether a forward may take the batch's boundaries as keyword arguments (cu_seq_lens_q/k,
     # max_length_q/k, for flash-attn): not where the model hands its keyword arguments to the
@@ -89,6 +95,11 @@ class Family:
         for m in self.media_tokens.values():
             tokens |= {*m.before, m.pad, *m.after}
         return tokens | set(self.template_tokens.values())
+
+    def plans(self, media: Sequence[Mapping[str, Any]]) -> list[MediaPlan]:
+        """The plans of one sample's media items, in order (a family whose items depend on their
+        sample, LLaVA-OneVision's images, overrides this)."""
+        return [self.plan(m) for m in media]
 
     def plan(self, media: Mapping[str, Any]) -> MediaPlan:
         """The plan for one probed media item (a row of the samples table's ``media``); plans
@@ -123,6 +134,16 @@ class Family:
         """A media item as the chat template writes it, before the processor expands it (what
         ``tokenize.template_check`` compares): by default its span with one pad."""
         return self.media_layout(MediaPlan(kind, (1, 1, 1), 1, (0, 0), (0,)))
+
+    @classmethod
+    def attention_blocks(
+        cls, items: Mapping[str, np.ndarray], settings: Mapping[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(blocks, patches per block) of the vision encoder's attention for media items given as
+        columns (``grid_t``, ``grid_h``, ``grid_w``, ``num_tokens`` arrays) under a profile's
+        ``settings``: the cost model's Σ patches². Qwen-VL: one block of h × w patches per
+        temporal patch."""
+        return items["grid_t"], items["grid_h"] * items["grid_w"]
 
     def positions(self, length: int, media: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
         """Extra position rows of one sample alone (mRoPE: [3, length]); None: 1-D positions."""

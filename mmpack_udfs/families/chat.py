@@ -16,6 +16,8 @@ refused). The renderers:
   + the answer (the template's empty think block on a final turn without reasoning).
 - ``internvl``: transformers-native InternVL. ChatML, and every media placeholder followed by a
   newline (its template writes ``<IMG_CONTEXT>\\n`` / ``<video>\\n`` for a media part).
+- ``llava_onevision``: LLaVA-OneVision. ChatML, a turn's images first (``<image>`` + newline
+  each), then its videos (``<video>`` + newline), then its texts without the placeholders.
 - ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
   carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 
 from mmpack_udfs.families.base import LayoutElement
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import MEDIA_PLACEHOLDER
+from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, MEDIA_PLACEHOLDER
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_response>", "</tool_response>"
@@ -72,6 +74,28 @@ class InternVL(ChatML):
             TurnLayout(layout.role, MEDIA_PLACEHOLDER.sub(r"\1\n", layout.body))
             for layout in super().turns(turns)
         ]
+
+
+class LlavaOnevision(ChatML):
+    """LLaVA-OneVision: a message's images, then its videos, each with a newline, then its texts.
+    mmpack keeps a sample's media in placeholder order, so a turn with a video placed before an
+    image (which the template would reorder) is refused."""
+
+    name = "llava_onevision"
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        out = []
+        for layout in super().turns(turns):
+            items = MEDIA_PLACEHOLDER.findall(layout.body)
+            if items != sorted(items, key=lambda item: item != IMAGE_PLACEHOLDER):
+                raise Rejected(
+                    Reason.TEMPLATE_REFUSES,
+                    "a video placed before an image in one turn: LLaVA-OneVision's template writes a "
+                    "turn's images first, which would reorder the sample's media",
+                )
+            media = "".join(item + "\n" for item in items)
+            out.append(TurnLayout(layout.role, media + MEDIA_PLACEHOLDER.sub("", layout.body)))
+        return out
 
 
 class Qwen3(ChatML):
@@ -155,5 +179,5 @@ class Qwen35(Qwen3Thinking):
 
 
 CHAT_RENDERERS: dict[str, ChatML] = {
-    r.name: r for r in (ChatML(), InternVL(), Qwen3(), Qwen3Thinking(), Qwen35())
+    r.name: r for r in (ChatML(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(), Qwen35())
 }

@@ -15,7 +15,10 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
 
 from mmpack_udfs.families.base import Family, LayoutElement, MediaPlan, MediaTokens, torch_arange_int
 from mmpack_udfs.reasons import Reason, Rejected
@@ -27,6 +30,7 @@ class _Tiled(Family):
     """What both InternVL formats share: an image as tiles of ``tokens_per_tile`` tokens."""
 
     media_tokens: ClassVar[dict[str, MediaTokens]] = {"image": IMAGE_SPAN, "video": IMAGE_SPAN}
+    pixel_layout = "tiles"
 
     def plan_image(self, width: int, height: int) -> MediaPlan:
         cfg = self.settings["image"]
@@ -38,12 +42,21 @@ class _Tiled(Family):
     def tile_grid(self, width: int, height: int) -> tuple[int, int]:
         raise NotImplementedError
 
+    @classmethod
+    def attention_blocks(
+        cls, items: Mapping[str, np.ndarray], settings: Mapping[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A tile is one block of 4 × tokens_per_tile patches (2 × 2 patches make a token)."""
+        per_tile = int(settings["image"]["tokens_per_tile"])
+        return items["num_tokens"] // per_tile, np.full(len(items["num_tokens"]), 4 * per_tile)
+
 
 class InternVL(_Tiled):
     """transformers-native InternVL (``model_type: internvl``)."""
 
     kind = "internvl"
     boundary_kwargs = False  # InternVLModel passes **kwargs on to its vision tower's attention
+    video_processor_resize = True
     chat_modes: ClassVar[tuple[str, ...]] = ("internvl",)
     template_tokens: ClassVar[dict[str, str]] = {"image": "<IMG_CONTEXT>", "video": "<video>"}
 

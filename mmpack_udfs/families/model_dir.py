@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -120,8 +121,7 @@ def read(source: str, storage: fs.Storage = fs.LOCAL) -> ModelDirectory:
             "conversations as the model's own template does and checks it against that template"
         )
     notes: list[str] = []
-    reader = _internvl_profile if kind == "internvl" else _qwen_profile
-    profile = reader(path, source, kind, config, notes)
+    profile = DIRECTORY_READERS.get(kind, _qwen_profile)(path, source, kind, config, notes)
     profile.update(template_settings(path, source, profile))
     return ModelDirectory(path, source, model_type, kind, profile, notes)
 
@@ -149,10 +149,10 @@ def template_settings(path: str, source: str, profile: Mapping[str, Any]) -> dic
 
 
 def _renderer_modules() -> list:
-    from mmpack_udfs.families import base, chat, internvl, qwen_vl
+    from mmpack_udfs.families import base, chat, internvl, llava_onevision, qwen_vl
     from mmpack_udfs.tokenize import encoder, template_check
 
-    return [base, chat, internvl, qwen_vl, encoder, template_check]
+    return [base, chat, internvl, llava_onevision, qwen_vl, encoder, template_check]
 
 
 def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
@@ -234,22 +234,8 @@ def _internvl_profile(path: str, source: str, kind: str, config: Mapping[str, An
             f"{int((tile // patch) ** 2 * ratio**2)} tokens the vision tower makes of a {tile} px tile "
             f"(patch {patch}, downsample_ratio {ratio})"
         )
-    _check_image_token(path, source, config)
-    video_file = _processor_file(path, "video_preprocessor_config.json", "video_processor")
-    if video_file is None:
-        video_file = image_file  # transformers' video processors fall back to the image processor's file
-        notes.append(f"{source} has no video_preprocessor_config.json: videos use preprocessor_config.json")
-    video = {**INTERNVL_VIDEO_DEFAULTS, **{k: v for k, v in video_file.items() if v is not None}}
-    _refuse_other_processing(video, "the video processor's config", source)
-    if video["do_sample_frames"] and not (video["num_frames"] or video["fps"]):
-        raise ConfigError(
-            f"tokenize.model: {source}: the video processor samples frames (do_sample_frames) but sets "
-            "neither num_frames nor fps"
-        )
-    if not (isinstance(video["size"], dict) and video["size"].get("height") and video["size"].get("width")):
-        raise ConfigError(
-            f"tokenize.model: {source}: the video processor's size {video['size']!r} is no height and width"
-        )
+    _check_token_id(path, source, config, "image_token_id", "<IMG_CONTEXT>")
+    video = _video_processor(path, source, INTERNVL_VIDEO_DEFAULTS, image_file, notes)
     if not isinstance(video["initial_shift"], bool):
         raise ConfigError(
             f"tokenize.model: {source}: initial_shift {video['initial_shift']!r} is not reproduced"
@@ -263,28 +249,144 @@ def _internvl_profile(path: str, source: str, kind: str, config: Mapping[str, An
         mean=list(image["image_mean"]),
         std=list(image["image_std"]),
     )
-    profile["video"].update(
-        height=video["size"]["height"],
-        width=video["size"]["width"],
-        mean=list(video["image_mean"]),
-        std=list(video["image_std"]),
-        **{k: video[k] for k in ("do_sample_frames", "num_frames", "fps", "initial_shift")},
-    )
+    profile["video"].update(_video_profile(video), initial_shift=video["initial_shift"])
     return profile
 
 
-def _check_image_token(path: str, source: str, config: Mapping[str, Any]) -> None:
-    """config.json's ``image_token_id`` must be the tokenizer's ``<IMG_CONTEXT>`` (the model puts the
-    image features where it finds that id)."""
+def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str, token: str) -> None:
+    """config.json's ``key`` (e.g. ``image_token_id``) must be the tokenizer's id of ``token``
+    (the model puts the media features where it finds that id)."""
     from mmpack_udfs.tokenize import tokenizer as tokenizers
 
-    expected = config.get("image_token_id")
-    found = tokenizers.load(path).convert_tokens_to_ids("<IMG_CONTEXT>")
+    expected = config.get(key)
+    found = tokenizers.load(path).convert_tokens_to_ids(token)
     if expected is not None and found != expected:
         raise ConfigError(
-            f"tokenize.model: {source}: config.json image_token_id {expected} is not the tokenizer's "
-            f"<IMG_CONTEXT> ({found})"
+            f"tokenize.model: {source}: config.json {key} {expected} is not the tokenizer's {token} ({found})"
         )
+
+
+# transformers' LlavaOnevisionImageProcessor and LlavaOnevisionVideoProcessor class defaults (5.24)
+LLAVA_ONEVISION_IMAGE_DEFAULTS = {
+    **{k: v for k, v in GOT_OCR2_DEFAULTS.items() if k not in ("min_patches", "max_patches")},
+    "image_grid_pinpoints": [[384 * i, 384 * j] for i in range(1, 7) for j in range(1, 7)],
+}
+LLAVA_ONEVISION_VIDEO_DEFAULTS = {
+    **{k: v for k, v in GOT_OCR2_DEFAULTS.items() if k not in ("min_patches", "max_patches")},
+    "do_sample_frames": False,
+    "num_frames": None,
+    "fps": None,
+}
+
+
+def _llava_onevision_profile(
+    path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]
+) -> dict:
+    """LLaVA-OneVision: crops and pinpoints from preprocessor_config.json, tokens per crop and the
+    anyres limit from processor_config.json, checked against config.json's vision tower; the video
+    processor's settings as for InternVL."""
+    image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
+    if image_file is None:
+        raise ConfigError(
+            f"tokenize.model: {source} has no preprocessor_config.json, which a llava_onevision model needs"
+        )
+    image = {**LLAVA_ONEVISION_IMAGE_DEFAULTS, **{k: v for k, v in image_file.items() if v is not None}}
+    _refuse_other_processing(image, "preprocessor_config.json", source)
+    crop = _square(image["size"], "preprocessor_config.json", source)
+    processor = _json(path, "processor_config.json") or {}
+    per_crop = processor.get("num_image_tokens")
+    vision = config.get("vision_config") or {}
+    side, patch = vision.get("image_size", 384), vision.get("patch_size", 14)
+    if side != crop or per_crop != (side // patch) ** 2:
+        raise ConfigError(
+            f"tokenize.model: {source}: processor_config.json num_image_tokens {per_crop!r} and the {crop} "
+            f"px crops of preprocessor_config.json are not the vision tower's ({(side // patch) ** 2} "
+            f"tokens of a {side} px image, config.json vision_config)"
+        )
+    for key, default in (("vision_feature_select_strategy", "full"), ("vision_aspect_ratio", "anyres_max_9")):
+        ours, theirs = processor.get(key, default), config.get(key, default)
+        if ours != theirs:
+            raise ConfigError(
+                f"tokenize.model: {source}: processor_config.json {key} {ours!r} differs from config.json's "
+                f"{theirs!r}"
+            )
+    if processor.get("vision_feature_select_strategy") != "full":
+        raise ConfigError(
+            f"tokenize.model: {source}: vision_feature_select_strategy "
+            f"{processor.get('vision_feature_select_strategy')!r}; mmpack reproduces LLaVA-OneVision only "
+            "with 'full' (the SigLIP tower has no class token to drop)"
+        )
+    aspect = re.fullmatch(r"anyres_max_(\d+)", processor.get("vision_aspect_ratio", "anyres_max_9"))
+    if aspect is None:
+        raise ConfigError(
+            f"tokenize.model: {source}: vision_aspect_ratio {processor['vision_aspect_ratio']!r} is not "
+            "anyres_max_N, which mmpack reproduces"
+        )
+    pinpoints = [list(p) for p in image["image_grid_pinpoints"]]
+    if config.get("image_grid_pinpoints", pinpoints) != pinpoints:
+        raise ConfigError(
+            f"tokenize.model: {source}: config.json image_grid_pinpoints differ from those of "
+            "preprocessor_config.json"
+        )
+    _check_token_id(path, source, config, "image_token_index", "<image>")
+    _check_token_id(path, source, config, "video_token_index", "<video>")
+    video = _video_processor(path, source, LLAVA_ONEVISION_VIDEO_DEFAULTS, image_file, notes)
+    if video["do_sample_frames"] and video["num_frames"] and video["fps"]:
+        raise ConfigError(
+            f"tokenize.model: {source}: the video processor sets both num_frames and fps, which transformers "
+            "refuses"
+        )
+    if not (video["do_sample_frames"] and video["num_frames"]):
+        notes.append(
+            f"{source}: the video processor samples no fixed number of frames (do_sample_frames, "
+            "num_frames); "
+            "LLaVA-OneVision stacks a batch's videos, so samples with videos are quarantined"
+        )
+    profile = PROFILE_MODELS[kind]().model_dump()
+    profile["image"].update(
+        crop_size=crop,
+        tokens_per_crop=per_crop,
+        pinpoints=pinpoints,
+        max_crops=int(aspect.group(1)),
+        mean=list(image["image_mean"]),
+        std=list(image["image_std"]),
+    )
+    profile["video"].update(_video_profile(video))
+    return profile
+
+
+def _video_profile(video: Mapping[str, Any]) -> dict[str, Any]:
+    """The profile's ``video`` keys (ProcessorVideo) from a video processor's settings."""
+    return {
+        "height": video["size"]["height"],
+        "width": video["size"]["width"],
+        "mean": list(video["image_mean"]),
+        "std": list(video["image_std"]),
+        **{k: video[k] for k in ("do_sample_frames", "num_frames", "fps")},
+    }
+
+
+def _video_processor(
+    path: str, source: str, defaults: Mapping[str, Any], image_file: Mapping[str, Any], notes: list[str]
+) -> dict[str, Any]:
+    """A video processor's settings: class defaults, then video_preprocessor_config.json or, as
+    transformers falls back, the image processor's file; refused where mmpack differs."""
+    video_file = _processor_file(path, "video_preprocessor_config.json", "video_processor")
+    if video_file is None:
+        video_file = image_file
+        notes.append(f"{source} has no video_preprocessor_config.json: videos use preprocessor_config.json")
+    video = {**defaults, **{k: v for k, v in video_file.items() if v is not None}}
+    _refuse_other_processing(video, "the video processor's config", source)
+    if video["do_sample_frames"] and not (video["num_frames"] or video["fps"]):
+        raise ConfigError(
+            f"tokenize.model: {source}: the video processor samples frames (do_sample_frames) but sets "
+            "neither num_frames nor fps"
+        )
+    if not (isinstance(video["size"], dict) and video["size"].get("height") and video["size"].get("width")):
+        raise ConfigError(
+            f"tokenize.model: {source}: the video processor's size {video['size']!r} is no height and width"
+        )
+    return video
 
 
 def _refuse_other_processing(settings: Mapping[str, Any], where: str, source: str) -> None:
@@ -300,7 +402,7 @@ def _refuse_other_processing(settings: Mapping[str, Any], where: str, source: st
         if settings.get(key) != value:
             raise ConfigError(
                 f"tokenize.model: {source}: {where} sets {key} {settings.get(key)!r}; mmpack reproduces "
-                f"InternVL's processing only with {key} {value!r}"
+                f"this processing only with {key} {value!r}"
             )
     if settings.get("do_center_crop") or abs(settings["rescale_factor"] - 1 / 255) > 1e-12:
         raise ConfigError(
@@ -463,3 +565,7 @@ def fetch(uri: str, storage: fs.Storage) -> str:
     except OSError:  # another process made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+# the profile reader of each family whose directory is not read as Qwen-VL's (_qwen_profile)
+DIRECTORY_READERS = {"internvl": _internvl_profile, "llava_onevision": _llava_onevision_profile}

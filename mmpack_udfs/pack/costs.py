@@ -1,9 +1,10 @@
 """Per-bin cost figures and the cost model: what a trainer needs to balance data-parallel
 ranks, from a shard's own columns (pyarrow and numpy only: the loader imports this too).
 
-The vision encoder attends within blocks: a Qwen2-VL image or video attends per temporal
-patch (``grid_t`` blocks of ``grid_h × grid_w`` patches), an InternVL tile is one block of
-``4 × tokens_per_tile`` patches (2 × 2 patches merge into one token in both profiles).
+The vision encoder attends within blocks (``Family.attention_blocks``): a Qwen2-VL image or
+video attends per temporal patch (``grid_t`` blocks of ``grid_h × grid_w`` patches), an InternVL
+tile is one block of ``4 × tokens_per_tile`` patches, a LLaVA-OneVision crop one block of
+``tokens_per_crop`` patches.
 
 A bin costs ``llm_token·tokens + llm_pair·Σ l²`` in the LLM and ``vision_patch·patches +
 vision_pair·Σ patches²`` in the vision encoder (docs/BALANCE.md derives the defaults).
@@ -173,11 +174,7 @@ def media_squares(media: pa.Array, profile: Mapping[str, Any]) -> np.ndarray:
     counts = pc.list_value_length(media).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     owner = owner_of_elements(counts)
     field = {name: items.field(name).to_numpy(zero_copy_only=False).astype(np.int64) for name in MEDIA_FIELDS}
-    if FAMILIES[profile["kind"]].mrope:  # the Qwen-VL line: attention per temporal patch
-        blocks, block_patches = field["grid_t"], field["grid_h"] * field["grid_w"]
-    else:  # internvl: tiles of 4 × tokens_per_tile patches each
-        per_tile = int(profile["image"]["tokens_per_tile"])
-        blocks, block_patches = field["num_tokens"] // per_tile, np.full(len(owner), 4 * per_tile)
+    blocks, block_patches = FAMILIES[profile["kind"]].attention_blocks(field, profile)
     return np.bincount(owner, weights=blocks * block_patches**2, minlength=len(media)).astype(np.int64)
 
 

@@ -328,7 +328,7 @@ class SampleTokenizer:
         rendered, kept, all_plans = [], [], []
         for sample in samples:
             try:
-                plans = [self.profile.plan(m) for m in sample["media"]]
+                plans = self.profile.plans(sample["media"])
                 pair = sample.get("rejected") is not None
                 conversations = _pair_turns(sample) if pair else (sample["turns"],)
                 rendered.append([self.render(sample["system"], t, plans, pair) for t in conversations])
@@ -372,6 +372,13 @@ class SampleTokenizer:
             results = [_assemble(sample["sample_id"], sample, plans, pieces, enc)]
         elif self.settings.over_length == "truncate":
             results = [_truncate(sample, plans, pieces, enc, limit)]
+            kept = len(results[0].media)
+            if self.profile.plans(sample["media"][:kept]) != plans[:kept]:
+                raise Rejected(
+                    Reason.TOO_LONG,
+                    f"{len(enc.ids)} tokens > max_tokens {limit}, and truncating would drop media items, "
+                    f"which changes the tokens {self.profile.kind} gives the items kept",
+                )
         elif self.settings.over_length == "split":
             results = self._split(sample, plans, pieces, enc, limit)
         else:
@@ -414,7 +421,7 @@ class SampleTokenizer:
         for k, chunk in enumerate(chunks):
             first, end = media_before[chunk[0]], media_before[chunk[-1] + 1]
             sub = {**sample, "turns": [turns[t] for t in chunk], "media": sample["media"][first:end]}
-            sub_plans = plans[first:end]
+            sub_plans = self.profile.plans(sub["media"])
             sub_pieces = self.render(sample["system"], sub["turns"], sub_plans)
             (sub_enc,) = self.encode([sub_pieces])
             results.append(_assemble(f"{sample['sample_id']}-{k}", sub, sub_plans, sub_pieces, sub_enc))

@@ -65,13 +65,20 @@ PROBES: list[tuple[str | None, Turns]] = [
 ]
 
 
-def messages(system: str | None, turns: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
-    """mmpack's conversation as chat-template messages: placeholders become content parts."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system is not None else []
+def messages(
+    system: str | None, turns: Sequence[Mapping[str, str]], parts_only: bool = False
+) -> list[dict[str, Any]]:
+    """mmpack's conversation as chat-template messages: placeholders become content parts;
+    ``parts_only``: every content a list of parts (templates that read nothing else)."""
+    out: list[dict[str, Any]] = []
+    if system is not None:
+        out.append(
+            {"role": "system", "content": [{"type": "text", "text": system}] if parts_only else system}
+        )
     for turn in turns:
         role = "assistant" if turn["role"] == "function_call" else turn["role"]
         parts = [p for p in PLACEHOLDER.split(turn["text"]) if p]
-        if not PLACEHOLDER.search(turn["text"]):
+        if not PLACEHOLDER.search(turn["text"]) and not parts_only:
             out.append({"role": role, "content": turn["text"]})
             continue
         content = [
@@ -82,12 +89,17 @@ def messages(system: str | None, turns: Sequence[Mapping[str, str]]) -> list[dic
 
 
 def template_ids(
-    hf_tokenizer, template: str, system: str | None, turns: Sequence[Mapping[str, str]]
+    hf_tokenizer,
+    template: str,
+    system: str | None,
+    turns: Sequence[Mapping[str, str]],
+    parts_only: bool = False,
 ) -> list[int]:
     """The ids transformers gives: the template rendered, then the tokenizer."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(conversations=[messages(system, turns)], chat_template=template)
+    conversation = messages(system, turns, parts_only)
+    rendered, _ = render_jinja_template(conversations=[conversation], chat_template=template)
     return hf_tokenizer(rendered[0], add_special_tokens=False).input_ids
 
 
@@ -129,7 +141,7 @@ def _first_difference(sample_tokenizer, hf, template: str) -> str | None:
     for system, turns in PROBES:
         plans = [_template_plan(m) for m in PLACEHOLDER.findall("".join(t["text"] for t in turns))]
         try:
-            expected = template_ids(hf, template, system, turns)
+            expected = template_ids(hf, template, system, turns, sample_tokenizer.profile.content_parts)
         except Exception as err:  # the template refuses this shape: not a difference of ours
             if type(err).__name__ == "TemplateError":
                 continue

@@ -137,11 +137,13 @@ def test_a_qwen3_vl_model_trains_on_its_family_shards_exactly_once(family_run, t
     check_epoch(read_trace(tmp_path / "trace", 2), 0, expected_supervised(packed))
 
 
-def test_an_internvl_model_trains_on_its_family_shards_exactly_once(family_run, tmp_path):
-    """``--model tiny-internvl`` (transformers-native InternVL, no boundary kwargs in its batches)
-    on shards tokenized from its model directory: 2 ranks, every sample once."""
-    packed = family_run("internvl").output / "packed"
-    args = ["--manifest", str(packed), "--model", "tiny-internvl", "--out", str(tmp_path / "ckpt")]
+@pytest.mark.parametrize("family", ["internvl", "llava_onevision"])
+def test_a_tiled_model_trains_on_its_family_shards_exactly_once(family_run, tmp_path, family):
+    """``--model tiny-internvl`` (transformers-native InternVL, no boundary kwargs in its batches),
+    ``tiny-llava_onevision`` (anyres crops, image sizes, images per sample) on shards tokenized
+    from the family's model directory: 2 ranks, every sample once."""
+    packed = family_run(family).output / "packed"
+    args = ["--manifest", str(packed), "--model", f"tiny-{family}", "--out", str(tmp_path / "ckpt")]
     torchrun(MANUAL, 2, *args, "--workers", "1", "--trace", str(tmp_path / "trace"), log=tmp_path / "log")
     check_epoch(read_trace(tmp_path / "trace", 2), 0, expected_supervised(packed))
 

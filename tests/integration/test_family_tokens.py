@@ -77,6 +77,25 @@ def video_references(run, uris: list[str], tmp: Path) -> dict[str, dict]:
     return dict(zip(uris, results, strict=True))
 
 
+def oracle_references(run, oracle, tmp: Path) -> tuple[list[dict], dict[str, dict], dict[str, dict]]:
+    """A family run's tokenized rows, ``oracle.reference`` of each (by sample id) and transformers'
+    video processor on every video (by uri): the InternVL and LLaVA-OneVision checks."""
+    samples = {
+        s["sample_id"]: s for s in tables.read_arrow(table_uri(str(run.output), "samples")).to_pylist()
+    }
+    rows = tables.read_arrow(table_uri(str(run.output), "tokenized")).to_pylist()
+    uris = sorted({m["uri"] for r in rows for m in samples[r["sample_id"]]["media"] if m["kind"] == "video"})
+    videos = video_references(run, uris, tmp)
+    hf = tokenizers.load(str(run.model_dir))
+    refs = {
+        r["sample_id"]: oracle.reference(
+            run.model_dir, hf, samples[r["sample_id"]], lambda m: videos[m["uri"]]
+        )
+        for r in rows
+    }
+    return rows, refs, videos
+
+
 @pytest.fixture(scope="module")
 def references(family_run, tmp_path_factory):
     """Per family: the run, the samples by id and transformers' reference for every tokenized sample."""

@@ -18,11 +18,8 @@ import pytest
 import torch
 
 from loader import PackedDataset, collate_packed
-from mmpack_udfs.io import tables
-from mmpack_udfs.schemas import table_uri
-from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.validate import stage as validate
-from tests.integration.test_family_tokens import video_references
+from tests.integration.test_family_tokens import oracle_references
 from tests.loader.test_model_parity import CALLS, flash_varlen_cpu, with_attention
 from tests.models.build import tiny_models
 from tests.oracles import internvl as oracle
@@ -36,19 +33,7 @@ IMG_CONTEXT, TOKENS_PER_TILE = 151667, 256
 def internvl(family_run, tmp_path_factory):
     """The run, its tokenized rows and transformers' reference of every row."""
     run = family_run("internvl")
-    samples = {
-        s["sample_id"]: s for s in tables.read_arrow(table_uri(str(run.output), "samples")).to_pylist()
-    }
-    rows = tables.read_arrow(table_uri(str(run.output), "tokenized")).to_pylist()
-    uris = sorted({m["uri"] for r in rows for m in samples[r["sample_id"]]["media"] if m["kind"] == "video"})
-    videos = video_references(run, uris, tmp_path_factory.mktemp("internvl-videos"))
-    hf = tokenizers.load(str(run.model_dir))
-    refs = {
-        r["sample_id"]: oracle.reference(
-            run.model_dir, hf, samples[r["sample_id"]], lambda m: videos[m["uri"]]
-        )
-        for r in rows
-    }
+    rows, refs, videos = oracle_references(run, oracle, tmp_path_factory.mktemp("internvl-videos"))
     return run, rows, refs, videos
 
 
@@ -112,14 +97,14 @@ def flash_cpu():
 
 
 def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
-    """Small multi-sample bins: an image bin beside a video bin, and two more image bins."""
+    """Small multi-sample bins: an image bin beside a video bin, and one more image bin."""
     videos = {r["sample_id"] for r in rows if any(m["kind"] == "video" for m in r["media"])}
     bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]
     bins.sort(key=lambda b: len(b["input_ids"]))
     video = next(b for b in bins if videos & set(b["sample_ids"]))
-    images = [b for b in bins if "pixel_values" in b and not videos & set(b["sample_ids"])][:3]
-    assert len(images) == 3
-    return [[images[0], video], [images[1]], [images[2]]]
+    images = [b for b in bins if "pixel_values" in b and not videos & set(b["sample_ids"])][:2]
+    assert len(images) == 2
+    return [[images[0], video], [images[1]]]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_varlen_cpu"])

@@ -28,6 +28,7 @@ MODELS = {
     "qwen3_5": ("qwen3_5", "qwen3_5", "qwen3_5", "chat_template.jinja"),
     "qwen3_5_moe": ("qwen3_5", "qwen3_5_moe", "qwen3_5", "chat_template.jinja"),
     "internvl": ("internvl", "internvl", "qwen2", "chat_template.jinja"),
+    "llava_onevision": ("llava_onevision", "llava_onevision", "qwen2", "chat_template.jinja"),
 }
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 # the tokenizer's named tokens of transformers-native InternVL (its tokenizer_config.json)

@@ -1,5 +1,5 @@
 """Subprocess half of the video oracle: transformers' own video processor on a video file
-(the Qwen-VL line's, InternVL's).
+(the Qwen-VL line's, InternVL's, LLaVA-OneVision's).
 
 Runs where torchvision is importable (``make test`` installs it, tests only, under
 ``.venv/torchvision-cpu``; ``torchvision_boot/sitecustomize.py`` lets the CUDA wheel import on
@@ -13,7 +13,9 @@ frame indices, the grid, the text its processor puts in place of ``<|video_pad|>
 from __future__ import annotations
 
 import json
+import math
 import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -37,6 +39,12 @@ def processor(family: str, settings: dict):
         from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
 
         return InternVLVideoProcessor(**settings)
+    if family == "llava_onevision":
+        from transformers.models.llava_onevision.video_processing_llava_onevision import (
+            LlavaOnevisionVideoProcessor,
+        )
+
+        return LlavaOnevisionVideoProcessor(**settings)
     if family in ("qwen3_vl", "qwen3_5"):
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -46,7 +54,7 @@ def processor(family: str, settings: dict):
     return Qwen2VLVideoProcessor(**settings)
 
 
-def text_processor(family: str, video_processor, tokenizer):
+def text_processor(family: str, video_processor, tokenizer, model_dir: str):
     """The family's processor class around the video processor (for its pad replacement)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -55,6 +63,16 @@ def text_processor(family: str, video_processor, tokenizer):
         from transformers.models.internvl.processing_internvl import InternVLProcessor
 
         return InternVLProcessor(GotOcr2ImageProcessorPil(), tokenizer, video_processor)
+    if family == "llava_onevision":  # num_image_tokens from the directory's processor_config.json
+        from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+            LlavaOnevisionImageProcessorPil,
+        )
+        from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+        from tests.oracles.llava_onevision import processor_settings
+
+        images, settings = LlavaOnevisionImageProcessorPil(), processor_settings(Path(model_dir))
+        return LlavaOnevisionProcessor(images, tokenizer, video_processor, **settings)
     if family in ("qwen3_vl", "qwen3_5"):
         from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor as cls
     else:
@@ -70,19 +88,23 @@ def main() -> None:
     request = json.load(sys.stdin)
     family = request["family"]
     video_processor = processor(family, request["settings"])
-    wrapper = text_processor(family, video_processor, AutoTokenizer.from_pretrained(request["model_dir"]))
+    model_dir = request["model_dir"]
+    wrapper = text_processor(family, video_processor, AutoTokenizer.from_pretrained(model_dir), model_dir)
     results = []
     for video in request["videos"]:
         frames, fps = frames_of(video["uri"])
         every = list(range(len(frames)))
         metadata = VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=every)
-        if family == "internvl":  # frame sampling as the directory's video processor config says
+        if family in ("internvl", "llava_onevision"):  # frame sampling as the directory's video config says
             out, (replacement,) = wrapper._process_videos(
                 videos=[frames], video_metadata=[metadata], return_metadata=True, return_tensors="pt",
                 input_data_format="channels_last",
             )  # fmt: skip
             pixels = out["pixel_values_videos"][0]
             grid = [len(pixels), 1, 1]
+            if family == "llava_onevision":  # frames of pooled ⌈√num_image_tokens / 2⌉² features
+                pooled = math.ceil(math.isqrt(wrapper.num_image_tokens) / 2)
+                grid = [len(pixels), pooled, pooled]
         else:
             out, (replacement,) = wrapper._process_videos(  # the processor's own video half
                 videos=[frames], video_metadata=[metadata], do_sample_frames=True, return_metadata=True,

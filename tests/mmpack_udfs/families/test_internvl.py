@@ -4,20 +4,18 @@ settings, and the processor options mmpack refuses (exit 2, naming them)."""
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 
 import numpy as np
 import pytest
 import torch
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
-from mmpack_udfs import cli
 from mmpack_udfs.config import load_config
 from mmpack_udfs.families.internvl import got_ocr2_grid
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
+from tests.mmpack_udfs.families.test_model_dir import refusal
 from tests.models.build import build_model_dir
 from tests.oracles import internvl as oracle
 from tests.oracles.qwen_family import labels_of, messages
@@ -134,12 +132,4 @@ def test_every_frame_videos_and_frame_labels_after_text_are_the_processors(every
 def test_a_processor_option_mmpack_does_not_reproduce_exits_2(
     every_frame, tmp_path, capsys, monkeypatch, file, key, value, message
 ):
-    target = tmp_path / "model"
-    shutil.copytree(every_frame, target)
-    settings = json.loads((target / file).read_text())
-    settings[key] = value
-    (target / file).write_text(json.dumps(settings))
-    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: pytest.fail("Spark started"))
-    code = cli.main(["tokenize", "--out", str(tmp_path / "out"), "--set", f"tokenize.model={target}"])
-    assert code == cli.EXIT_BAD_CONFIG
-    assert message in capsys.readouterr().err
+    assert message in refusal(every_frame, file, {key: value}, tmp_path, capsys, monkeypatch)

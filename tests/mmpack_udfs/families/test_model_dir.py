@@ -76,6 +76,9 @@ def test_keys_under_profiles_model_override_the_directory(built):
         None, [f"tokenize.model={built['qwen3_vl']}", "profiles.model.image.max_pixels=100000"]
     )
     assert config.profiles["model"].image.max_pixels == 100000
+    two = ["profiles.model.video.fps=1", "profiles.model.video.max_frames=8"]  # one section, two --set
+    video = load_config(None, [f"tokenize.model={built['qwen3_vl']}", *two]).profiles["model"].video
+    assert (video.fps, video.max_frames) == (1, 8)
     with pytest.raises(ConfigError, match=r"unknown config key 'profiles\.model\.image\.nope'"):
         load_config(None, [f"tokenize.model={built['qwen3_vl']}", "profiles.model.image.nope=1"])
 
@@ -85,6 +88,19 @@ def test_min_and_max_pixels_keys_win_over_size(built, tmp_path):
     settings = json.loads((target / "preprocessor_config.json").read_text())
     (target / "preprocessor_config.json").write_text(json.dumps({**settings, "max_pixels": 200704}))
     assert load_config(None, [f"tokenize.model={target}"]).profiles["model"].image.max_pixels == 200704
+
+
+def refusal(directory, file: str, changes: dict, tmp_path, capsys, monkeypatch) -> str:
+    """What ``mmpack tokenize`` prints refusing a copy of ``directory`` whose JSON ``file`` has
+    ``changes``: exit 2 before Spark starts."""
+    target = tmp_path / "model"
+    shutil.copytree(directory, target)
+    settings = json.loads((target / file).read_text())
+    (target / file).write_text(json.dumps({**settings, **changes}))
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: pytest.fail("Spark started"))
+    code = cli.main(["tokenize", "--out", str(tmp_path / "out"), "--set", f"tokenize.model={target}"])
+    assert code == cli.EXIT_BAD_CONFIG
+    return capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

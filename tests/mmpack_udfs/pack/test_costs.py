@@ -48,6 +48,15 @@ def test_internvl_attends_per_tile():
     assert index.column("media_items").to_pylist() == [1]
 
 
+def test_llava_onevision_attends_per_crop():
+    profile = {"kind": "llava_onevision", "image": {"tokens_per_crop": 729}}
+    anyres = {"grid_t": 1, "grid_h": 2, "grid_w": 3, "num_tokens": 5000}  # the whole image + 2 × 3 tiles
+    in_set = {"grid_t": 1, "grid_h": 0, "grid_w": 0, "num_tokens": 730}  # one padded-square crop
+    video = {"grid_t": 4, "grid_h": 0, "grid_w": 0, "num_tokens": 4 * 196 + 1}  # a crop per frame
+    index = costs.bin_costs(bins([[anyres], [in_set, video]]), shard=0, profile=profile)
+    assert index.column("vision_sq_patches").to_pylist() == [7 * 729**2, 5 * 729**2]
+
+
 MODEL = costs.CostModel(llm_token=2.0, llm_pair=0.5, vision_patch=3.0, vision_pair=0.25)
 
 
