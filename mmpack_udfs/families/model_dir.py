@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmpack_udfs.config.model import MODEL_PROFILE, PROFILE_MODELS
+from mmpack_udfs.config.model import LLAVA_PINPOINTS, MODEL_PROFILE, PROFILE_MODELS
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import MODEL_TYPES
 from mmpack_udfs.io import fs
@@ -188,41 +188,34 @@ def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], 
     return profile
 
 
-# transformers' GotOcr2ImageProcessor and InternVLVideoProcessor class defaults (5.24)
-GOT_OCR2_DEFAULTS = {
+# transformers' class defaults (5.24) that GotOcr2ImageProcessor, InternVLVideoProcessor and
+# LLaVA-OneVision's image and video processors share: 384 px squares, bicubic, CLIP's mean/std
+SQUARE_PROCESSOR_DEFAULTS = {
     "size": {"height": 384, "width": 384},
     "resample": 3,
     "image_mean": [0.48145466, 0.4578275, 0.40821073],
     "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "min_patches": 1,
-    "max_patches": 12,
     "do_resize": True,
     "do_rescale": True,
     "rescale_factor": 1 / 255,
     "do_normalize": True,
     "do_convert_rgb": True,
 }
-INTERNVL_VIDEO_DEFAULTS = {
-    **{k: v for k, v in GOT_OCR2_DEFAULTS.items() if k not in ("min_patches", "max_patches")},
+VIDEO_PROCESSOR_DEFAULTS = {
+    **SQUARE_PROCESSOR_DEFAULTS,
     "do_sample_frames": False,
     "num_frames": None,
     "fps": None,
-    "initial_shift": True,
 }
+GOT_OCR2_DEFAULTS = {**SQUARE_PROCESSOR_DEFAULTS, "min_patches": 1, "max_patches": 12}
+INTERNVL_VIDEO_DEFAULTS = {**VIDEO_PROCESSOR_DEFAULTS, "initial_shift": True}
 
 
 def _internvl_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
     """transformers-native InternVL: GotOcr2 tiles from preprocessor_config.json, 256 (the
     processor's ``image_seq_length``) tokens a tile, the video processor's settings from
     video_preprocessor_config.json or, as transformers falls back, preprocessor_config.json."""
-    image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
-    if image_file is None:
-        raise ConfigError(
-            f"tokenize.model: {source} has no preprocessor_config.json, which an internvl model needs"
-        )
-    image = {**GOT_OCR2_DEFAULTS, **{k: v for k, v in image_file.items() if v is not None}}
-    _refuse_other_processing(image, "preprocessor_config.json", source)
-    tile = _square(image["size"], "preprocessor_config.json", source)
+    image_file, image, tile = _square_image_processor(path, source, kind, GOT_OCR2_DEFAULTS)
     processor = _json(path, "processor_config.json") or {}
     per_tile = processor.get("image_seq_length", 256)
     vision, ratio = config.get("vision_config") or {}, config.get("downsample_ratio", 0.5)
@@ -253,6 +246,21 @@ def _internvl_profile(path: str, source: str, kind: str, config: Mapping[str, An
     return profile
 
 
+def _square_image_processor(
+    path: str, source: str, kind: str, defaults: Mapping[str, Any]
+) -> tuple[dict, dict, int]:
+    """(the file's settings, them over the class ``defaults``, the square side) of a directory's
+    image processor with square tiles or crops; refused where mmpack's pixels would differ."""
+    image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
+    if image_file is None:
+        raise ConfigError(
+            f"tokenize.model: {source} has no preprocessor_config.json, which the {kind} family needs"
+        )
+    image = {**defaults, **{k: v for k, v in image_file.items() if v is not None}}
+    _refuse_other_processing(image, "preprocessor_config.json", source)
+    return image_file, image, _square(image["size"], "preprocessor_config.json", source)
+
+
 def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str, token: str) -> None:
     """config.json's ``key`` (e.g. ``image_token_id``) must be the tokenizer's id of ``token``
     (the model puts the media features where it finds that id)."""
@@ -267,16 +275,7 @@ def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str,
 
 
 # transformers' LlavaOnevisionImageProcessor and LlavaOnevisionVideoProcessor class defaults (5.24)
-LLAVA_ONEVISION_IMAGE_DEFAULTS = {
-    **{k: v for k, v in GOT_OCR2_DEFAULTS.items() if k not in ("min_patches", "max_patches")},
-    "image_grid_pinpoints": [[384 * i, 384 * j] for i in range(1, 7) for j in range(1, 7)],
-}
-LLAVA_ONEVISION_VIDEO_DEFAULTS = {
-    **{k: v for k, v in GOT_OCR2_DEFAULTS.items() if k not in ("min_patches", "max_patches")},
-    "do_sample_frames": False,
-    "num_frames": None,
-    "fps": None,
-}
+LLAVA_ONEVISION_IMAGE_DEFAULTS = {**SQUARE_PROCESSOR_DEFAULTS, "image_grid_pinpoints": LLAVA_PINPOINTS}
 
 
 def _llava_onevision_profile(
@@ -285,14 +284,7 @@ def _llava_onevision_profile(
     """LLaVA-OneVision: crops and pinpoints from preprocessor_config.json, tokens per crop and the
     anyres limit from processor_config.json, checked against config.json's vision tower; the video
     processor's settings as for InternVL."""
-    image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
-    if image_file is None:
-        raise ConfigError(
-            f"tokenize.model: {source} has no preprocessor_config.json, which a llava_onevision model needs"
-        )
-    image = {**LLAVA_ONEVISION_IMAGE_DEFAULTS, **{k: v for k, v in image_file.items() if v is not None}}
-    _refuse_other_processing(image, "preprocessor_config.json", source)
-    crop = _square(image["size"], "preprocessor_config.json", source)
+    image_file, image, crop = _square_image_processor(path, source, kind, LLAVA_ONEVISION_IMAGE_DEFAULTS)
     processor = _json(path, "processor_config.json") or {}
     per_crop = processor.get("num_image_tokens")
     vision = config.get("vision_config") or {}
@@ -330,7 +322,7 @@ def _llava_onevision_profile(
         )
     _check_token_id(path, source, config, "image_token_index", "<image>")
     _check_token_id(path, source, config, "video_token_index", "<video>")
-    video = _video_processor(path, source, LLAVA_ONEVISION_VIDEO_DEFAULTS, image_file, notes)
+    video = _video_processor(path, source, VIDEO_PROCESSOR_DEFAULTS, image_file, notes)
     if video["do_sample_frames"] and video["num_frames"] and video["fps"]:
         raise ConfigError(
             f"tokenize.model: {source}: the video processor sets both num_frames and fps, which transformers "

@@ -11,6 +11,7 @@ frames a clip (every-frame videos: tests/mmpack_udfs/families/test_internvl.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -20,7 +21,13 @@ import torch
 from loader import PackedDataset, collate_packed
 from mmpack_udfs.validate import stage as validate
 from tests.integration.test_family_tokens import oracle_references
-from tests.loader.test_model_parity import CALLS, flash_varlen_cpu, with_attention
+from tests.loader.test_model_parity import (
+    CALLS,
+    alone_1d,
+    assert_each_sample_alone,
+    flash_varlen_cpu,
+    with_attention,
+)
 from tests.models.build import tiny_models
 from tests.oracles import internvl as oracle
 
@@ -120,21 +127,9 @@ def test_packed_equals_each_sample_alone(flash_cpu, internvl, attention):
         assert "cu_seq_lens_q" not in batch  # InternVL hands its kwargs on to the vision tower
         with torch.no_grad():
             packed = model(**batch)
-        cu = batch.meta["cu_seq_lens"]
-        targets = int((batch["labels"][0, 1:] != -100).sum())
-        summed_alone = torch.zeros((), dtype=torch.float64)
-        for (a, b), tiles in zip(itertools.pairwise(cu), sample_tiles(batch, cu), strict=True):
-            media = {"pixel_values": tiles} if tiles is not None else {}
-            ids, labels = batch["input_ids"][:, a:b], batch["labels"][:, a:b]
-            with torch.no_grad():  # one sample as a user runs it unpacked
-                single = model(input_ids=ids, labels=labels, use_cache=False, **media)
-            diff = (packed.logits[0, a:b] - single.logits[0]).abs().max().item()
-            assert diff <= 1e-4, f"sample at [{a}, {b}) differs by {diff}"
-            supervised = int((labels[0, 1:] != -100).sum())
-            if supervised:
-                summed_alone += single.loss.double() * supervised
-            checked += 1
-        torch.testing.assert_close(packed.loss.double() * targets, summed_alone, rtol=1e-5, atol=1e-3)
+        tiles = sample_tiles(batch, batch.meta["cu_seq_lens"])
+        media = [{"pixel_values": t} if t is not None else {} for t in tiles]
+        checked += assert_each_sample_alone(batch, packed, media, functools.partial(alone_1d, model))
     assert checked >= 6
     if attention == "flash_varlen_cpu":  # the text layers found the boundaries in position_ids
         assert CALLS.count("position_ids") >= 3 * model.config.text_config.num_hidden_layers

@@ -12,6 +12,7 @@ batch's videos, so mmpack packs videos only with a fixed frame count).
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 from loader import PackedDataset, collate_packed
 from mmpack_udfs.validate import stage as validate
 from tests.integration.test_family_tokens import oracle_references
-from tests.loader.test_model_parity import with_attention
+from tests.loader.test_model_parity import alone_1d, assert_each_sample_alone, with_attention
 from tests.models.build import tiny_models
 from tests.oracles import llava_onevision as oracle
 
@@ -142,23 +143,9 @@ def test_packed_equals_each_sample_alone(llava, attention):
         batch = collate_packed(bins)
         with torch.no_grad():
             packed = model(**batch)
-        cu = batch.meta["cu_seq_lens"]
         sample_ids = [s for b in bins for s in b["sample_ids"]]
-        targets = int((batch["labels"][0, 1:] != -100).sum())
-        summed_alone = torch.zeros((), dtype=torch.float64)
-        for (a, b), media in zip(
-            itertools.pairwise(cu), sample_inputs(batch, cu, crops_of, sample_ids), strict=True
-        ):
-            ids, labels = batch["input_ids"][:, a:b], batch["labels"][:, a:b]
-            with torch.no_grad():  # one sample as a user runs it unpacked
-                single = model(input_ids=ids, labels=labels, use_cache=False, **media)
-            diff = (packed.logits[0, a:b] - single.logits[0]).abs().max().item()
-            assert diff <= 1e-4, f"sample at [{a}, {b}) differs by {diff}"
-            supervised = int((labels[0, 1:] != -100).sum())
-            if supervised:
-                summed_alone += single.loss.double() * supervised
-            checked += 1
-        torch.testing.assert_close(packed.loss.double() * targets, summed_alone, rtol=1e-5, atol=1e-3)
+        media = sample_inputs(batch, batch.meta["cu_seq_lens"], crops_of, sample_ids)
+        checked += assert_each_sample_alone(batch, packed, media, functools.partial(alone_1d, model))
     assert checked >= 6
 
 

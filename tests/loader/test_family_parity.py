@@ -20,7 +20,14 @@ import torch
 
 from loader import PackedDataset, collate_packed
 from loader.hybrid import PackingUnsupported, require_sample_isolation
-from tests.loader.test_model_parity import CALLS, alone, flash_varlen_cpu, sample_media, with_attention
+from tests.loader.test_model_parity import (
+    CALLS,
+    alone,
+    assert_each_sample_alone,
+    flash_varlen_cpu,
+    sample_media,
+    with_attention,
+)
 from tests.models.build import tiny_models
 
 pytestmark = pytest.mark.spark
@@ -127,19 +134,10 @@ def check_packed_equals_alone(model, batches) -> int:
         assert batch["position_ids"].shape == (4, 1, batch.meta["num_tokens"])
         with torch.no_grad():
             packed = model(**batch)
-        cu = batch["cu_seq_lens_q"].tolist()
-        targets = int((batch["labels"][0, 1:] != -100).sum())
-        summed_alone = torch.zeros((), dtype=torch.float64)
-        for (a, b), media in zip(itertools.pairwise(cu), sample_media(batch, cu, pads), strict=True):
-            with torch.no_grad():
-                single = alone(model, batch["input_ids"][0, a:b], batch["labels"][0, a:b], media)
-            diff = (packed.logits[0, a:b] - single.logits[0]).abs().max().item()
-            assert diff <= 1e-4, f"sample at [{a}, {b}) differs by {diff}"
-            supervised = int((batch["labels"][0, a + 1 : b] != -100).sum())
-            if supervised:
-                summed_alone += single.loss.double() * supervised
-            checked += 1
-        torch.testing.assert_close(packed.loss.double() * targets, summed_alone, rtol=1e-5, atol=1e-3)
+        media = sample_media(batch, batch.meta["cu_seq_lens"], pads)
+        checked += assert_each_sample_alone(
+            batch, packed, media, lambda ids, labels, m: alone(model, ids[0], labels[0], m)
+        )
     return checked
 
 

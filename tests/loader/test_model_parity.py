@@ -118,6 +118,32 @@ def alone(model, ids: torch.Tensor, labels: torch.Tensor, media: dict):
     return model(input_ids=ids[None], labels=labels[None], mm_token_type_ids=kinds[None], **media)
 
 
+def alone_1d(model, ids: torch.Tensor, labels: torch.Tensor, media: dict):
+    """One sample ([1, L] ids and labels) as a user runs it unpacked, for models with 1-D
+    positions (InternVL, LLaVA-OneVision: the model makes them)."""
+    return model(input_ids=ids, labels=labels, use_cache=False, **media)
+
+
+def assert_each_sample_alone(batch, packed, media: list[dict], run_alone) -> int:
+    """Every sample of ``batch`` gets from ``run_alone(ids, labels, media)`` (its forward unpacked,
+    [1, L] ids and labels, its ``media`` entry) the logits it has in ``packed`` (≤ 1e-4), and the
+    per-sample losses sum to the packed loss; return the samples checked."""
+    cu = batch.meta["cu_seq_lens"]
+    labels = batch["labels"][0]
+    targets = int((labels[1:] != -100).sum())
+    summed_alone = torch.zeros((), dtype=torch.float64)
+    for (a, b), mine in zip(itertools.pairwise(cu), media, strict=True):
+        with torch.no_grad():
+            single = run_alone(batch["input_ids"][:, a:b], batch["labels"][:, a:b], mine)
+        diff = (packed.logits[0, a:b] - single.logits[0]).abs().max().item()
+        assert diff <= 1e-4, f"sample at [{a}, {b}) differs by {diff}"
+        supervised = int((labels[a + 1 : b] != -100).sum())
+        if supervised:
+            summed_alone += single.loss.double() * supervised
+    torch.testing.assert_close(packed.loss.double() * targets, summed_alone, rtol=1e-5, atol=1e-3)
+    return len(cu) - 1
+
+
 @pytest.fixture(scope="module")
 def micro_batches(packed_demo):
     """Three micro-batches of the smallest bins: 3 bins with images only, 1 with a video, one
@@ -142,19 +168,10 @@ def test_qwen2_vl_packed_equals_each_sample_alone(example, micro_batches, attent
             packed = model(**batch)
         if attention == "flash_varlen_cpu":  # text layers used the batch's boundaries, not a guess
             assert CALLS.count("cu_seq_lens") >= model.config.text_config.num_hidden_layers
-        cu = batch["cu_seq_lens_q"].tolist()
-        targets = int((batch["labels"][0, 1:] != -100).sum())
-        summed_alone = torch.zeros((), dtype=torch.float64)
-        for (a, b), media in zip(itertools.pairwise(cu), sample_media(batch, cu), strict=True):
-            with torch.no_grad():
-                single = alone(model, batch["input_ids"][0, a:b], batch["labels"][0, a:b], media)
-            diff = (packed.logits[0, a:b] - single.logits[0]).abs().max().item()
-            assert diff <= 1e-4, f"sample at [{a}, {b}) differs by {diff} under {attention}"
-            supervised = int((batch["labels"][0, a + 1 : b] != -100).sum())
-            if supervised:
-                summed_alone += single.loss.double() * supervised
-            checked_samples += 1
-        torch.testing.assert_close(packed.loss.double() * targets, summed_alone, rtol=1e-5, atol=1e-3)
+        media = sample_media(batch, batch.meta["cu_seq_lens"])
+        checked_samples += assert_each_sample_alone(
+            batch, packed, media, lambda ids, labels, m: alone(model, ids[0], labels[0], m)
+        )
     assert checked_samples >= 6
 
 
