@@ -121,7 +121,15 @@ def train_and_report(trainer, args: argparse.Namespace, training: TrainingArgume
         metrics = trainer.evaluate()
         if training.process_index == 0:
             print("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+    end_ranks(trainer)
     return 0
+
+
+def end_ranks(trainer) -> None:
+    """Wait for every rank, then destroy the process group: a rank that exits with its group
+    alive while another still works can abort in the group's destructor."""
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

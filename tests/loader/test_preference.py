@@ -415,6 +415,8 @@ def two_ranks_main(out: Path) -> None:
     if rank == 0:
         worst = worst_relative_difference(step, mean_pair_gradients(bins, reference))
         (out / "result.json").write_text(json.dumps({"worst": worst, "log": trainer.state.log_history}))
+    trainer.accelerator.wait_for_everyone()  # then end the group: no rank exits with it alive
+    trainer.accelerator.end_training()
 
 
 @pytest.mark.slow
