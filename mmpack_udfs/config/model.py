@@ -466,6 +466,7 @@ class BalanceConfig(Section):
             "internvl": _seven_b_llm(1.8e9, 2.95e5),  # InternViT-300M (24 × 1024)
             "internvl_chat": _seven_b_llm(1.8e9, 2.95e5),  # the same tower
             "llava_onevision": _seven_b_llm(2.4e9, 3.7e5),  # SigLIP so400m (27 × 1152)
+            "gemma3": _seven_b_llm(2.4e9, 3.7e5),  # SigLIP so400m (27 × 1152), 896 px
         },
         description="the cost model of each profile, by profile name",
     )
@@ -474,6 +475,7 @@ class BalanceConfig(Section):
 Number = Annotated[int | float, _rule("must be a positive number", _positive)]
 CHAT_MODES = (
     "chatml",
+    "gemma3",
     "internvl",
     "llava_onevision",
     "qwen3",
@@ -536,9 +538,9 @@ class ProfileSection(Section):
     )
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field(
         "chatml",
-        description="how turns render (families/chat.py): `chatml`, `internvl`, `llava_onevision`, `qwen3`, "
-        "`qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the one that reproduces the directory's chat "
-        "template",
+        description="how turns render (families/chat.py): `chatml`, `gemma3`, `internvl`, `llava_onevision`, "
+        "`qwen3`, `qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the one that reproduces the "
+        "directory's chat template",
     )
 
 
@@ -722,6 +724,31 @@ class LlavaOnevisionProfile(ProfileSection):
         return self
 
 
+class Gemma3Image(Section):
+    size: PositiveInt = Field(896, description="side of the square every image is resized to (bilinear)")
+    tokens_per_image: PositiveInt = Field(256, description="`<image_soft_token>` tokens per image")
+    patch_size: PositiveInt = Field(14, description="vision patch side in pixels (the cost model's patches)")
+    mean: Triple = Field(HALF, description="per-channel mean the pixels are normalized with")
+    std: Triple = Field(HALF, description="per-channel standard deviation")
+
+
+class Gemma3Profile(ProfileSection):
+    """Gemma 3 in transformers (4B, 12B, 27B): one 896 px square of 256 tokens per image, no videos."""
+
+    kind: Literal["gemma3"] = Field("gemma3", description="which model family the profile describes")
+    default_system: str = Field("", description="system prompt of samples that have none (empty: none)")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("gemma3", description="how turns render")
+    image: Gemma3Image = Gemma3Image()
+    image_token_id: PositiveInt = Field(
+        262144, description="id of `<image_soft_token>` (config.json image_token_index): the loader's masks"
+    )
+    sliding_window: PositiveInt = Field(
+        1024,
+        description="tokens a sliding-attention layer sees (config.json text_config.sliding_window): the "
+        "loader's masks of packed batches",
+    )
+
+
 ProfileConfig = Annotated[
     Qwen2VLProfile
     | Qwen25VLProfile
@@ -729,7 +756,8 @@ ProfileConfig = Annotated[
     | Qwen35Profile
     | InternVLProfile
     | InternVLChatProfile
-    | LlavaOnevisionProfile,
+    | LlavaOnevisionProfile
+    | Gemma3Profile,
     Field(discriminator="kind"),
 ]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
@@ -741,6 +769,7 @@ PROFILE_KINDS = (
     "internvl",
     "internvl_chat",
     "llava_onevision",
+    "gemma3",
 )
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen2_vl": Qwen2VLProfile,
@@ -750,6 +779,7 @@ PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "internvl": InternVLProfile,
     "internvl_chat": InternVLChatProfile,
     "llava_onevision": LlavaOnevisionProfile,
+    "gemma3": Gemma3Profile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")  # patch-based (prepared media, mRoPE)
@@ -795,6 +825,7 @@ class Config(Section):
             "internvl": InternVLProfile(),
             "internvl_chat": InternVLChatProfile(),
             "llava_onevision": LlavaOnevisionProfile(),
+            "gemma3": Gemma3Profile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",

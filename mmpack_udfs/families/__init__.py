@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mmpack_udfs.families.base import ChatFormat, Family, MediaPlan, MediaTokens
+from mmpack_udfs.families.gemma3 import Gemma3
 from mmpack_udfs.families.internvl import InternVL, InternVLChat
 from mmpack_udfs.families.llava_onevision import LlavaOnevision
 from mmpack_udfs.families.qwen_vl import Qwen2VL, Qwen3VL, Qwen25VL, Qwen35
@@ -23,6 +24,7 @@ FAMILIES: dict[str, type[Family]] = {
     "internvl": InternVL,
     "internvl_chat": InternVLChat,
     "llava_onevision": LlavaOnevision,
+    "gemma3": Gemma3,
 }
 
 MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
@@ -34,6 +36,7 @@ MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
     "qwen3_5_moe": "qwen3_5",
     "internvl": "internvl",
     "llava_onevision": "llava_onevision",
+    "gemma3": "gemma3",
 }
 
 

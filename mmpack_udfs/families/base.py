@@ -28,7 +28,8 @@ class MediaPlan:
 
     kind: str
     grid: tuple[int, int, int]  # qwen: (t, h, w) in vision patches; internvl: (t, rows, cols) tiles;
-    # llava_onevision: (1, rows, cols) anyres tiles, (1, 0, 0) one square crop, (frames, 0, 0) a video
+    # llava_onevision: (1, rows, cols) anyres tiles, (1, 0, 0) one square crop, (frames, 0, 0) a video;
+    # gemma3: (1, 1, 1), one square
     num_tokens: int  # pad tokens of the item, all groups together
     resized: tuple[int, int]  # (height, width) the vision encoder sees (per tile for internvl)
     frame_indices: tuple[int, ...] = ()
@@ -70,7 +71,8 @@ class Family:
     content_parts = False  # whether its chat template reads every message's content as a list of parts
     mrope = False  # whether the language model takes 3-row multimodal rotary positions
     # how the loader hands over pixels (loader/dataset.py): "patches" (Qwen-VL's flattened
-    # patches and grids), "tiles" (InternVL), "anyres" (LLaVA-OneVision's crops and image sizes)
+    # patches and grids), "tiles" (InternVL), "anyres" (LLaVA-OneVision's crops and image sizes),
+    # "squares" (Gemma 3: one resized square per image)
     pixel_layout = "patches"
     video_processor_resize = False  # video frames resized as transformers' video processors do (torch)
     linear_attention = False  # whether its language model has recurrent (linear-attention) layers
@@ -78,6 +80,10 @@ class Family:
     # max_length_q/k, for flash-attn): not where the model hands its keyword arguments to the
     # vision tower's attention too, which would apply the text's boundaries to the image patches
     boundary_kwargs = True
+    bos_token: str | None = None  # a token its chat template starts every conversation with
+    # whether its image tokens attend to each other within an image (Gemma 3): the loader then
+    # builds the attention masks of packed batches itself (loader.collate)
+    bidirectional_media = False
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         from mmpack_udfs.families.chat import CHAT_RENDERERS
@@ -92,6 +98,8 @@ class Family:
         """Every token the family inserts by id: its chat format's, its renderer's and its
         media wrappers'."""
         tokens = {self.chat.turn_start, self.chat.turn_end, *self.renderer.tokens}
+        if self.bos_token:
+            tokens.add(self.bos_token)
         for m in self.media_tokens.values():
             tokens |= {*m.before, m.pad, *m.after}
         return tokens | set(self.template_tokens.values())

@@ -18,6 +18,9 @@ refused). The renderers:
   newline (its template writes ``<IMG_CONTEXT>\\n`` / ``<video>\\n`` for a media part).
 - ``llava_onevision``: LLaVA-OneVision. ChatML, a turn's images first (``<image>`` + newline
   each), then its videos (``<video>`` + newline), then its texts without the placeholders.
+- ``gemma3``: Gemma 3. ``<start_of_turn>{user|model}\n{content}<end_of_turn>\n``, every text
+  part trimmed, a system prompt + two newlines at the head of the first user turn; turns must
+  alternate user / model, user first (else the template raises: ``template_refuses``).
 - ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
   carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
 
@@ -56,6 +59,7 @@ class ChatML:
 
     name = "chatml"
     tokens: tuple[str, ...] = ()  # tokens the renderer inserts by id, besides the chat format's
+    system_in_first_turn = False  # a system prompt heads the first turn (no system turn of its own)
 
     def system(self, text: str) -> str:
         return text
@@ -96,6 +100,32 @@ class LlavaOnevision(ChatML):
             media = "".join(item + "\n" for item in items)
             out.append(TurnLayout(layout.role, media + MEDIA_PLACEHOLDER.sub("", layout.body)))
         return out
+
+
+class Gemma3(ChatML):
+    """Gemma 3: user / model turns of trimmed text parts; the system prompt heads the first turn."""
+
+    name = "gemma3"
+    system_in_first_turn = True
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        out = []
+        for index, turn in enumerate(turns):
+            role = TEMPLATE_ROLE.get(turn["role"], turn["role"])
+            if (role == "user") != (index % 2 == 0):
+                raise Rejected(
+                    Reason.TEMPLATE_REFUSES,
+                    "Gemma 3's template needs turns that alternate user / assistant, user first",
+                )
+            parts = MEDIA_PLACEHOLDER.split(turn["text"])
+            body = "".join(part if k % 2 else part.strip() for k, part in enumerate(parts))
+            out.append(TurnLayout("model" if role == "assistant" else role, body))
+        return out
+
+    def with_system(self, system: str, layouts: list[TurnLayout]) -> list[TurnLayout]:
+        """The system prompt and two newlines at the head of the first turn (not trimmed)."""
+        first = layouts[0]
+        return [TurnLayout(first.role, system + "\n\n" + first.body, first.before, first.after), *layouts[1:]]
 
 
 class Qwen3(ChatML):
@@ -179,5 +209,5 @@ class Qwen35(Qwen3Thinking):
 
 
 CHAT_RENDERERS: dict[str, ChatML] = {
-    r.name: r for r in (ChatML(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(), Qwen35())
+    r.name: r for r in (ChatML(), Gemma3(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(), Qwen35())
 }

@@ -257,7 +257,7 @@ def _square_image_processor(
             f"tokenize.model: {source} has no preprocessor_config.json, which the {kind} family needs"
         )
     image = {**defaults, **{k: v for k, v in image_file.items() if v is not None}}
-    _refuse_other_processing(image, "preprocessor_config.json", source)
+    _refuse_other_processing(image, "preprocessor_config.json", source, defaults["resample"])
     return image_file, image, _square(image["size"], "preprocessor_config.json", source)
 
 
@@ -347,6 +347,61 @@ def _llava_onevision_profile(
     return profile
 
 
+# transformers' Gemma3ImageProcessor class defaults (5.24), and Gemma3Processor's: pan-and-scan off
+GEMMA3_IMAGE_DEFAULTS = {
+    **SQUARE_PROCESSOR_DEFAULTS,
+    "size": {"height": 224, "width": 224},
+    "resample": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "do_pan_and_scan": False,
+}
+GEMMA3_TOKENS = (  # config.json key -> the tokenizer's token
+    (("image_token_index", "image_token_id"), "<image_soft_token>"),
+    (("boi_token_index", "boi_token_id"), "<start_of_image>"),
+    (("eoi_token_index", "eoi_token_id"), "<end_of_image>"),
+)
+
+
+def _gemma3_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
+    """Gemma 3: the square size and mean/std from preprocessor_config.json, tokens per image from
+    processor_config.json (``image_seq_length``), checked against config.json
+    (``mm_tokens_per_image``, the vision tower's size, the image token ids); pan-and-scan crops
+    are refused; the sliding window from ``text_config``."""
+    _, image, size = _square_image_processor(path, source, kind, GEMMA3_IMAGE_DEFAULTS)
+    if image["do_pan_and_scan"]:
+        raise ConfigError(
+            f"tokenize.model: {source}: preprocessor_config.json sets do_pan_and_scan; mmpack reproduces "
+            "Gemma 3 only without pan-and-scan crops (the processor's default)"
+        )
+    processor = _json(path, "processor_config.json") or {}
+    per_image = processor.get("image_seq_length", image.get("image_seq_length", 256))
+    vision = config.get("vision_config") or {}
+    if per_image != config.get("mm_tokens_per_image", 256) or vision.get("image_size", size) != size:
+        raise ConfigError(
+            f"tokenize.model: {source}: {per_image} tokens per {size} px image (processor_config.json "
+            "image_seq_length, preprocessor_config.json size) are not the model's (config.json "
+            f"mm_tokens_per_image {config.get('mm_tokens_per_image', 256)}, vision_config.image_size "
+            f"{vision.get('image_size')})"
+        )
+    from mmpack_udfs.tokenize import tokenizer as tokenizers
+
+    for keys, token in GEMMA3_TOKENS:
+        key = next((k for k in keys if k in config), keys[0])
+        _check_token_id(path, source, config, key, token)
+    profile = PROFILE_MODELS[kind]().model_dump()
+    profile["image"].update(
+        size=size,
+        tokens_per_image=per_image,
+        patch_size=vision.get("patch_size", 14),
+        mean=list(image["image_mean"]),
+        std=list(image["image_std"]),
+    )
+    profile["sliding_window"] = (config.get("text_config") or {}).get("sliding_window", 4096)
+    profile["image_token_id"] = tokenizers.load(path).convert_tokens_to_ids("<image_soft_token>")
+    return profile
+
+
 def _video_profile(video: Mapping[str, Any]) -> dict[str, Any]:
     """The profile's ``video`` keys (ProcessorVideo) from a video processor's settings."""
     return {
@@ -381,14 +436,15 @@ def _video_processor(
     return video
 
 
-def _refuse_other_processing(settings: Mapping[str, Any], where: str, source: str) -> None:
-    """ConfigError naming a processor option mmpack's InternVL pixels do not reproduce."""
+def _refuse_other_processing(settings: Mapping[str, Any], where: str, source: str, resample: int = 3) -> None:
+    """ConfigError naming a processor option mmpack's pixels do not reproduce (``resample``: the
+    PIL filter the family resizes with, bicubic unless it says otherwise)."""
     required = {
         "do_resize": True,
         "do_rescale": True,
         "do_normalize": True,
         "do_convert_rgb": True,
-        "resample": 3,
+        "resample": resample,
     }
     for key, value in required.items():
         if settings.get(key) != value:
@@ -560,4 +616,8 @@ def fetch(uri: str, storage: fs.Storage) -> str:
 
 
 # the profile reader of each family whose directory is not read as Qwen-VL's (_qwen_profile)
-DIRECTORY_READERS = {"internvl": _internvl_profile, "llava_onevision": _llava_onevision_profile}
+DIRECTORY_READERS = {
+    "internvl": _internvl_profile,
+    "llava_onevision": _llava_onevision_profile,
+    "gemma3": _gemma3_profile,
+}

@@ -179,16 +179,21 @@ class SampleTokenizer:
         im_start, im_end = (self.special[chat.turn_start],), (self.special[chat.turn_end],)
         newline = self._constant(chat.separator)
         pieces: list[Piece] = []
+        if self.profile.bos_token:
+            pieces.append(Piece(None, (self.special[self.profile.bos_token],)))
         if system is None:
             system = self.profile.default_system
-        if system is not None:
+        layouts = renderer.turns(turns)
+        if system is not None and renderer.system_in_first_turn:
+            layouts = renderer.with_system(system, layouts)
+        elif system is not None:
             system = renderer.system(system)
             head = f"system{chat.separator}{system}"
             body = Piece(None, self._constant(head)) if system == self.profile.default_system else Piece(head)
             pieces += [Piece(None, im_start), body, Piece(None, im_end), Piece(None, newline)]
         supervised = {len(turns) - 1} if last_turn_only else self._supervised_turns(turns)
         next_media = 0
-        for t, layout in enumerate(renderer.turns(turns)):
+        for t, layout in enumerate(layouts):
             sup = t in supervised
             header = layout.role + chat.separator
             pieces.append(Piece(None, im_start, turn=t))
@@ -211,6 +216,9 @@ class SampleTokenizer:
                         pieces.append(Piece(part, supervised=sup, turn=t))
                 elif part[:1].isspace():  # may merge with the header's newline: encode together
                     pieces.append(Piece(header + part, supervised=sup, turn=t, quiet=((0, len(header)),)))
+                elif not part and len(parts) > 1 and self._starts_with_text(plans[next_media], as_template):
+                    # the media item's leading text (Gemma 3's newlines) joins the header
+                    pieces.append(Piece(header, turn=t, quiet=((0, len(header)),)))
                 else:
                     pieces.append(Piece(None, self._constant(header), turn=t))
                     if part:
@@ -223,6 +231,10 @@ class SampleTokenizer:
                 Reason.PLACEHOLDER_MEDIA_MISMATCH, f"{next_media} placeholders, {len(plans)} media"
             )
         return pieces
+
+    def _starts_with_text(self, plan: MediaPlan, as_template: bool) -> bool:
+        shape = self.profile.template_layout(plan.kind) if as_template else self.profile.media_layout(plan)
+        return bool(shape) and shape[0][0] == "text"
 
     def _layout_pieces(self, layout: Sequence[tuple[str, str]], supervised: bool, turn: int) -> list[Piece]:
         """Tokens (by id) and texts a chat renderer puts around a turn's body."""
@@ -469,6 +481,8 @@ def _append_joined(pieces: list[Piece], media: list[Piece]) -> None:
     special tokens. The joined piece belongs to the item's span; its part from the item is
     never supervised."""
     before = pieces[-1] if pieces else None
+    if not media:  # an item its template does not write (Gemma 3's videos)
+        return
     first = media[0]
     if first.text is None or before is None or before.text is None or before.turn != first.turn:
         pieces += media

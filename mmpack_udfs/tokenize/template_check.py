@@ -99,7 +99,9 @@ def template_ids(
     from transformers.utils.chat_template_utils import render_jinja_template
 
     conversation = messages(system, turns, parts_only)
-    rendered, _ = render_jinja_template(conversations=[conversation], chat_template=template)
+    rendered, _ = render_jinja_template(  # the special tokens as apply_chat_template passes them
+        conversations=[conversation], chat_template=template, **hf_tokenizer.special_tokens_map
+    )
     return hf_tokenizer(rendered[0], add_special_tokens=False).input_ids
 
 

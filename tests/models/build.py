@@ -29,7 +29,11 @@ MODELS = {
     "qwen3_5_moe": ("qwen3_5", "qwen3_5_moe", "qwen3_5", "chat_template.jinja"),
     "internvl": ("internvl", "internvl", "qwen2", "chat_template.jinja"),
     "llava_onevision": ("llava_onevision", "llava_onevision", "qwen2", "chat_template.jinja"),
+    "gemma3": ("gemma3", "gemma3", "gemma3", "tokenizer_config.json"),
 }
+# Gemma 3's real tokenizer.json and tokenizer_config.json (with its chat template), from the npm
+# registry by the Makefile (published/gemma3/SOURCE.md)
+GEMMA3_TOKENIZER = ROOT / ".venv" / "gemma3-tokenizer" / "package" / "models"
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 # the tokenizer's named tokens of transformers-native InternVL (its tokenizer_config.json)
 INTERNVL_TOKENS = {
@@ -51,12 +55,19 @@ def build_model_dir(name: str, target: Path) -> Path:
     """The model directory ``name`` (a key of MODELS) at ``target`` (created)."""
     folder, model_type, vocabulary, template = MODELS[name]
     published = PUBLISHED / folder
-    added = json.loads((published / "added_tokens.json").read_text())
-    build_qwen_tokenizer(target, vocabulary, [(t, bool(s)) for t, s in added["tokens"]], None)
+    if vocabulary == "gemma3":
+        target.mkdir(parents=True, exist_ok=True)
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(GEMMA3_TOKENIZER / file, target / file)
+    else:
+        added = json.loads((published / "added_tokens.json").read_text())
+        build_qwen_tokenizer(target, vocabulary, [(t, bool(s)) for t, s in added["tokens"]], None)
     for file in PROCESSOR_FILES:
         if (published / file).exists():
             shutil.copy(published / file, target / file)
-    if template.endswith(".json"):
+    if template == "tokenizer_config.json":  # the template ships inside it
+        pass
+    elif template.endswith(".json"):
         shutil.copy(published / template, target / "chat_template.json")
     else:
         shutil.copy(published / template, target / "chat_template.jinja")

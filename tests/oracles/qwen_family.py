@@ -50,13 +50,19 @@ def messages(system: str | None, turns: list[dict]) -> list[dict[str, Any]]:
     return out
 
 
-def labels_of(tokenizer, text: str, ids: list[int], media_span: re.Pattern = MEDIA_SPAN) -> list[int]:
-    """Supervised tokens of the expanded text: assistant turns after their header through
-    ``<|im_end|>``, media spans excluded (by the tokens' character offsets)."""
+def labels_of(
+    tokenizer,
+    text: str,
+    ids: list[int],
+    media_span: re.Pattern = MEDIA_SPAN,
+    turns: re.Pattern = ASSISTANT_TURN,
+) -> list[int]:
+    """Supervised tokens of the expanded text: assistant ``turns`` after their header through
+    the turn's end token (``<|im_end|>``), media spans excluded (by the tokens' character offsets)."""
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     assert encoded.input_ids == ids
     supervised = np.zeros(len(text) + 1, bool)
-    for turn in ASSISTANT_TURN.finditer(text):
+    for turn in turns.finditer(text):
         supervised[turn.start(1) : turn.end(0)] = True
     for span in media_span.finditer(text):
         supervised[span.start() : span.end()] = False
