@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from loader import PackedDataset, collate_packed
+from loader import PackedDataset, collate_packed, normalize_pixel_values
 from mmpack_udfs.io import tables
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.validate import stage as validate
@@ -96,6 +96,22 @@ def test_packed_samples_have_transformers_pixels_image_tokens_and_masks(gemma3):
             assert torch.equal(mine, causal | same_image)
         assert image == len(batch.get("pixel_values", ()))
     assert checked >= 20
+
+
+def test_uint8_pixels_normalized_on_the_model_side_equal_the_float_pixels(gemma3):
+    packed = str(gemma3[0].output / "packed")
+    floats = itertools.islice(PackedDataset(packed, shuffle=False), 6)
+    raw = itertools.islice(PackedDataset(packed, shuffle=False, pixel_dtype="uint8"), 6)
+    seen = 0
+    for f, u in zip(floats, raw, strict=True):
+        if "pixel_values" in f:
+            norm = collate_packed([u]).meta["pixel_norm"]["pixel_values"]
+            assert u["pixel_values"].dtype == torch.uint8
+            assert torch.equal(
+                normalize_pixel_values(u["pixel_values"], torch.float32, *norm), f["pixel_values"]
+            )
+            seen += 1
+    assert seen >= 3
 
 
 def alone_bin(bin_: dict, index: int) -> dict:

@@ -39,9 +39,15 @@ def images(tmp_path_factory):
     return out
 
 
-def tokenizer_of(directory, *overrides: str) -> SampleTokenizer:
-    config = load_config(None, [f"tokenize.model={directory}", "tokenize.max_tokens=100000", *overrides])
+@pytest.fixture(scope="module")
+def tok(published) -> SampleTokenizer:
+    config = load_config(None, [f"tokenize.model={published}", "tokenize.max_tokens=100000"])
     return SampleTokenizer(TokenizeSettings.from_config(config))
+
+
+@pytest.fixture(scope="module")
+def hf(published):
+    return tokenizers.load(str(published))
 
 
 def sample(turns, items, system=None) -> dict:
@@ -79,13 +85,12 @@ CONVERSATIONS = [
 
 
 @pytest.mark.parametrize("system,turns,picks", CONVERSATIONS)
-def test_ids_and_labels_are_the_processors(published, images, system, turns, picks):
+def test_ids_and_labels_are_the_processors(published, tok, hf, images, system, turns, picks):
     """Ids, labels (model turns, image spans excluded), tokens per image: transformers' own."""
-    tok = tokenizer_of(published)
     conversation = sample(turns, [images[i] for i in picks], system)
     (row,), quarantined = tok.tokenize([conversation])
     assert not quarantined
-    ref = oracle.reference(published, tokenizers.load(str(published)), conversation)
+    ref = oracle.reference(published, hf, conversation)
     assert row.input_ids.tolist() == ref["input_ids"]
     assert row.labels.tolist() == ref["labels"]
     assert [m["num_tokens"] for m in row.media] == ref["tokens"] == [256] * len(picks)
@@ -102,8 +107,7 @@ def test_squares_are_the_image_processors(published, images, index):
     np.testing.assert_allclose(vision.normalize(square, half, half, axis=1), expected, rtol=0, atol=1e-6)
 
 
-def test_videos_and_turns_the_template_refuses_are_quarantined(published, images):
-    tok = tokenizer_of(published)
+def test_videos_and_turns_the_template_refuses_are_quarantined(tok, images):
     video = {**images[0], "kind": "video", "frames": 8, "fps": 4.0}
     done, quarantined = tok.tokenize(
         [
