@@ -41,7 +41,7 @@ def media_block_masks(
 
     transformers 5.24 builds the full-attention mask of a packed row right, but remaps its
     sliding layers' image blocks by position ids, so every sample after the first gets the
-    first sample's blocks (tests/loader/test_gemma3.py shows it); these masks are what it
+    first sample's blocks (tests/integration/test_gemma3.py shows it); these masks are what it
     builds for each sample alone, side by side."""
     total = int(cu_seqlens[-1])
     lengths = torch.diff(cu_seqlens.long())

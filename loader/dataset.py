@@ -489,10 +489,19 @@ def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels
     squares = np.concatenate(
         [vision.resized_rgb8(_frames(m, storage), size, size, Image.Resampling.BILINEAR) for m in media]
     ).transpose(0, 3, 1, 2)
+    out: dict[str, Any] = {"pixel_values": _handed_over(pixels, squares, norm, axis=1)}
     if pixels.computed == "uint8":  # normalized on the device (normalize_pixel_values)
-        return {"pixel_values": pixels.tensor(squares), "pixel_norm": {"pixel_values": norm}}
+        out["pixel_norm"] = {"pixel_values": norm}
+    return out
+
+
+def _handed_over(pixels: _Pixels, raw: np.ndarray, norm: tuple, axis: int) -> torch.Tensor:
+    """uint8 pixels as they are (``pixel_dtype="uint8"``), else normalized with ``norm`` (mean,
+    std; channels along ``axis``) in the loader's dtype."""
+    if pixels.computed == "uint8":
+        return pixels.tensor(raw)
     mean, std = (np.asarray(v, np.float32) for v in norm)
-    return {"pixel_values": pixels.tensor(vision.normalize(squares, mean, std, axis=1))}
+    return pixels.tensor(vision.normalize(raw, mean, std, axis=axis))
 
 
 def _llava_onevision_media(
@@ -515,11 +524,7 @@ def _llava_onevision_media(
                 for m in images
             ]
         )
-        out["pixel_values"] = pixels.tensor(
-            crops
-            if pixels.computed == "uint8"
-            else vision.normalize(crops, *(np.asarray(v, np.float32) for v in norms["image"]), axis=1)
-        )
+        out["pixel_values"] = _handed_over(pixels, crops, norms["image"], axis=1)
         out["image_sizes"] = torch.tensor([[m["height"], m["width"]] for m in images])
         per_sample = Counter(m["sample_index"] for m in images)
         out["batch_num_images"] = torch.tensor([per_sample[i] for i in sorted(per_sample)])
@@ -528,11 +533,7 @@ def _llava_onevision_media(
         clips = np.stack(
             [vision.resized_video_rgb8(_frames(m, storage), *size).transpose(0, 3, 1, 2) for m in videos]
         )
-        out["pixel_values_videos"] = pixels.tensor(
-            clips
-            if pixels.computed == "uint8"
-            else vision.normalize(clips, *(np.asarray(v, np.float32) for v in norms["video"]), axis=2)
-        )
+        out["pixel_values_videos"] = _handed_over(pixels, clips, norms["video"], axis=2)
     if pixels.computed == "uint8":  # what normalize_pixel_values needs on the device
         out["pixel_norm"] = {
             key: norms[kind]

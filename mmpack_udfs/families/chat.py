@@ -31,6 +31,7 @@ header (think block, answer, ``<|im_end|>``); never the header, the template's n
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -124,8 +125,7 @@ class Gemma3(ChatML):
 
     def with_system(self, system: str, layouts: list[TurnLayout]) -> list[TurnLayout]:
         """The system prompt and two newlines at the head of the first turn (not trimmed)."""
-        first = layouts[0]
-        return [TurnLayout(first.role, system + "\n\n" + first.body, first.before, first.after), *layouts[1:]]
+        return [dataclasses.replace(layouts[0], body=system + "\n\n" + layouts[0].body), *layouts[1:]]
 
 
 class Qwen3(ChatML):

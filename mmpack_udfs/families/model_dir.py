@@ -261,9 +261,9 @@ def _square_image_processor(
     return image_file, image, _square(image["size"], "preprocessor_config.json", source)
 
 
-def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str, token: str) -> None:
-    """config.json's ``key`` (e.g. ``image_token_id``) must be the tokenizer's id of ``token``
-    (the model puts the media features where it finds that id)."""
+def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str, token: str) -> int:
+    """The tokenizer's id of ``token``, which config.json's ``key`` (e.g. ``image_token_id``) must
+    be (the model puts the media features where it finds that id)."""
     from mmpack_udfs.tokenize import tokenizer as tokenizers
 
     expected = config.get(key)
@@ -272,6 +272,7 @@ def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str,
         raise ConfigError(
             f"tokenize.model: {source}: config.json {key} {expected} is not the tokenizer's {token} ({found})"
         )
+    return found
 
 
 # transformers' LlavaOnevisionImageProcessor and LlavaOnevisionVideoProcessor class defaults (5.24)
@@ -384,11 +385,10 @@ def _gemma3_profile(path: str, source: str, kind: str, config: Mapping[str, Any]
             f"mm_tokens_per_image {config.get('mm_tokens_per_image', 256)}, vision_config.image_size "
             f"{vision.get('image_size')})"
         )
-    from mmpack_udfs.tokenize import tokenizer as tokenizers
-
-    for keys, token in GEMMA3_TOKENS:
-        key = next((k for k in keys if k in config), keys[0])
-        _check_token_id(path, source, config, key, token)
+    ids = {
+        token: _check_token_id(path, source, config, next((k for k in keys if k in config), keys[0]), token)
+        for keys, token in GEMMA3_TOKENS
+    }
     profile = PROFILE_MODELS[kind]().model_dump()
     profile["image"].update(
         size=size,
@@ -398,7 +398,7 @@ def _gemma3_profile(path: str, source: str, kind: str, config: Mapping[str, Any]
         std=list(image["image_std"]),
     )
     profile["sliding_window"] = (config.get("text_config") or {}).get("sliding_window", 4096)
-    profile["image_token_id"] = tokenizers.load(path).convert_tokens_to_ids("<image_soft_token>")
+    profile["image_token_id"] = ids["<image_soft_token>"]
     return profile
 
 

@@ -65,12 +65,10 @@ def build_model_dir(name: str, target: Path) -> Path:
     for file in PROCESSOR_FILES:
         if (published / file).exists():
             shutil.copy(published / file, target / file)
-    if template == "tokenizer_config.json":  # the template ships inside it
-        pass
-    elif template.endswith(".json"):
-        shutil.copy(published / template, target / "chat_template.json")
-    else:
+    if template.endswith(".jinja"):
         shutil.copy(published / template, target / "chat_template.jinja")
+    elif template != "tokenizer_config.json":  # Gemma 3's template ships inside its tokenizer config
+        shutil.copy(published / template, target / "chat_template.json")
     sampling = published / "video_preprocessor_config.test.json"  # the tests' frame sampling
     if sampling.exists():
         shutil.copy(sampling, target / "video_preprocessor_config.json")
