@@ -38,14 +38,10 @@ def parse_with_smoke(parser: argparse.ArgumentParser, argv: list[str] | None = N
 
 
 def bench_spark(master: str, driver_memory: str = "4g"):
-    """A quiet local SparkSession for benchmarks."""
+    """A quiet local SparkSession for benchmarks, with mmpack's own Spark settings (those of
+    ``mmpack run``: Arrow batch size, shuffle partitions) plus the bench's."""
     OUT.mkdir(parents=True, exist_ok=True)
-    conf = {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": driver_memory,
-        "spark.sql.shuffle.partitions": "8",
-    }
+    conf = {**SparkConfig().conf, "spark.ui.enabled": "false", "spark.driver.memory": driver_memory}
     return get_spark(SparkConfig(master=master, log_level="ERROR", conf=conf))
 
 

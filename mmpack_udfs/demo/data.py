@@ -65,7 +65,7 @@ IMAGE_SIZES = [
     (12, 900),
 ]
 VIDEO_SIZES = [(96, 64), (160, 120), (224, 160), (320, 240), (128, 256)]
-JSON_FILE_RECORDS = 25_000  # records per JSON array file (one task parses a file whole)
+JSON_FILE_RECORDS = 25_000  # records per JSON array file (one task reads a file)
 
 
 @dataclass(frozen=True)
@@ -466,7 +466,7 @@ def _write_jsonl(path: Path, records: list[dict], bad: list, rng: random.Random)
 
 def _write_json(data: Path, stem: str, records: list[dict], rng: random.Random) -> list[str]:
     """``stem.json``, or ``stem-NNNNN.json`` files of ``JSON_FILE_RECORDS`` records each when
-    there are more (a JSON array is parsed whole by one task); their paths under the root."""
+    there are more (one task reads a JSON array); their paths under the root."""
     records = list(records)
     rng.shuffle(records)
     if len(records) <= JSON_FILE_RECORDS:

@@ -27,6 +27,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs
+from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 
 WRITTEN_FILE = pa.schema(
@@ -165,7 +166,7 @@ def read_table(spark, uri: str, storage: fs.Storage = fs.LOCAL, snap: Snapshot |
                 filesystem, path = storage.filesystem(file)
                 yield from (pq.read_table(path, filesystem=filesystem).cast(arrow_schema).to_batches())
 
-    return listing.mapInArrow(read_files, spark_schema)
+    return listing.mapInArrow(releasing(read_files), spark_schema)
 
 
 def write_table(
@@ -196,7 +197,8 @@ def write_table(
         writer = _partition_writer(uri, schema, tag, storage)
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        written = [r.asDict() for r in ordered.mapInArrow(writer, from_arrow_schema(WRITTEN_FILE)).collect()]
+        files = ordered.mapInArrow(releasing(writer), from_arrow_schema(WRITTEN_FILE))
+        written = [r.asDict() for r in files.collect()]
     total = sum(w["rows"] for w in written)
     if total != rows:
         raise TableError(f"{uri}: wrote {total} rows but the DataFrame has {rows}")

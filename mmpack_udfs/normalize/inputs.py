@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs
+from mmpack_udfs.normalize import json_array
 from mmpack_udfs.normalize.sharegpt import BLOB_KEY, DatasetSpec
 
 FORMATS_BY_EXTENSION = {
@@ -233,19 +234,26 @@ def _decode_line(position: int, line: bytes) -> RawRecord:
 
 
 def _read_json(split: Split, storage) -> Iterator[RawRecord]:
-    """Elements of a top-level JSON array; an invalid file is one invalid_json record."""
-    data = storage.read_bytes(split.uri)
+    """Elements of a top-level JSON array, streamed (a task holds one element, however large
+    the file); a file that is not valid JSON as a whole is one invalid_json record, so the
+    whole file is checked before its first element is given."""
     try:
-        document = json.loads(data)
+        with _open(split.uri, storage) as f:
+            for _ in json_array.elements(f):
+                pass
     except (ValueError, UnicodeDecodeError) as err:
-        yield RawRecord(0, data.decode("utf-8", errors="replace"), f"invalid_json: {err}")
+        yield RawRecord(0, _whole_text(split, storage), f"invalid_json: {err}")
         return
     except RecursionError:
-        yield RawRecord(0, data.decode("utf-8", errors="replace"), "invalid_json: nested too deeply to parse")
+        yield RawRecord(0, _whole_text(split, storage), "invalid_json: nested too deeply to parse")
         return
-    items = document if isinstance(document, list) else [document]
-    for index, item in enumerate(items):
-        yield RawRecord(index, json.dumps(item, ensure_ascii=False))
+    with _open(split.uri, storage) as f:
+        for index, item in enumerate(json_array.elements(f)):
+            yield RawRecord(index, json.dumps(item, ensure_ascii=False))
+
+
+def _whole_text(split: Split, storage) -> str:
+    return storage.read_bytes(split.uri).decode("utf-8", errors="replace")
 
 
 def _read_parquet(split: Split, storage) -> Iterator[RawRecord]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mmpack_udfs.config.model import NormalizeConfig
 
 LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+CHUNK_ROWS = 500  # records a task holds as Python objects at a time (Spark's batches: up to 10,000)
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,10 @@ def normalize_batches(
     settings: NormalizeSettings,
     storage: fs.Storage = fs.LOCAL,
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: raw record batches in, NORMALIZED batches out (one row per record)."""
+    """mapInArrow body: raw record batches in, NORMALIZED batches out (one row per record),
+    ``CHUNK_ROWS`` records at a time whatever the size of Spark's batches."""
     normalizer = RecordNormalizer(specs, settings, storage)
     for batch in batches:
-        rows = [normalizer(raw) for raw in batch.to_pylist()]
-        if rows:
+        for start in range(0, batch.num_rows, CHUNK_ROWS):
+            rows = [normalizer(raw) for raw in batch.slice(start, CHUNK_ROWS).to_pylist()]
             yield pa.RecordBatch.from_pylist(rows, schema=NORMALIZED)

@@ -20,6 +20,7 @@ from mmpack_udfs.config import Config, config_hash
 from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.normalize import datasets, inputs, records
 
@@ -87,11 +88,11 @@ def _normalized_rows(spark, splits, specs, settings, storage):
 
     split_df = one_task_per_row(spark, inputs.splits_table(splits))
     raw = split_df.mapInArrow(
-        partial(inputs.read_splits_batches, storage=storage), from_arrow_schema(inputs.RAW)
+        releasing(partial(inputs.read_splits_batches, storage=storage)), from_arrow_schema(inputs.RAW)
     )
     tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
     normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(
-        partial(records.normalize_batches, specs=specs, settings=settings, storage=storage),
+        releasing(partial(records.normalize_batches, specs=specs, settings=settings, storage=storage)),
         from_arrow_schema(schemas.NORMALIZED),
     )
     return normalized.persist(StorageLevel.DISK_ONLY)

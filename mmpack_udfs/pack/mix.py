@@ -111,9 +111,7 @@ def choose(rows: pa.Table, settings: MixSettings, excluded: np.ndarray | None = 
     keep = np.ones(n, bool)
     if excluded is not None:
         keep[excluded] = False
-    datasets = pc.dictionary_encode(rows.column("dataset").combine_chunks())  # Arrow: no str per row
-    codes = datasets.indices.to_numpy(zero_copy_only=False)
-    names = datasets.dictionary.to_pylist()
+    names, codes = _dataset_codes(rows)
     parents = rows.column("parent_id")
     for code in sorted(set(codes[keep].tolist()), key=names.__getitem__):
         mine = np.flatnonzero((codes == code) & keep)
@@ -126,6 +124,12 @@ def choose(rows: pa.Table, settings: MixSettings, excluded: np.ndarray | None = 
         copies[mine] = per_conversation.copies[row_of]
         held_out[mine] = per_conversation.eval[row_of]
     return Mix(copies, held_out)
+
+
+def _dataset_codes(rows: pa.Table) -> tuple[list[str], np.ndarray]:
+    """The dataset names, and each row's index among them (Arrow: no Python str per row)."""
+    datasets = pc.dictionary_encode(rows.column("dataset").combine_chunks())
+    return datasets.dictionary.to_pylist(), datasets.indices.to_numpy(zero_copy_only=False)
 
 
 def _unique_sorted(ids: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
@@ -210,14 +214,15 @@ _HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
 
 def summary(rows: pa.Table, mix: Mix, skipped: np.ndarray) -> dict[str, dict[str, int]]:
     """Per dataset: samples (conversations) and tokens before the mix, and what each side got."""
-    datasets = rows.column("dataset").to_numpy(zero_copy_only=False)
-    parents = rows.column("parent_id").to_numpy(zero_copy_only=False)
+    names, datasets = _dataset_codes(rows)
+    ids = rows.column("parent_id")
+    parents = pc.index_in(ids, value_set=pc.unique(ids)).to_numpy(zero_copy_only=False)  # no str per row
     tokens = rows.column("num_tokens").to_numpy().astype(np.int64)
     over = np.zeros(rows.num_rows, bool)
     over[skipped] = True
     out = {}
-    for name in sorted(set(datasets.tolist())):
-        mine = datasets == name
+    for name in sorted(names):
+        mine = datasets == names.index(name)
         trained = mine & (mix.copies > 0)
         out[name] = {
             "samples": len(np.unique(parents[mine])),

@@ -3,8 +3,9 @@
     driver: the count columns of every row (ids, lengths, media grids) → oversize check
         → first-fit-decreasing over all rows → bins in cost-stratified row groups
         (costs.stratified_order) → where each row goes: (shard, bin row, position)
-    Spark:  rows ⋈ placement ──repartition(shards, shard)──▶ tasks that build and write
-        whole shards (packed/shards/<run tag>/s<shard>.parquet) and their cost index rows
+    Spark:  rows ⋈ placement ──repartition(shards, shard), sorted by (shard, bin, position)──▶
+        tasks that build and write whole shards (packed/shards/<run tag>/s<shard>.parquet),
+        one row group at a time, and their cost index rows
     driver: reconcile (rows in = packed + skipped), write manifest.json last, report
 
 The driver holds only counts (its memory grows with the rows: README "Sizing") and packs them in one
@@ -39,6 +40,7 @@ from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.families import model_dir
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.io.memory import release_memory, releasing
 from mmpack_udfs.pack import costs, mix, pairs, shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.report import pack_report as report
@@ -163,12 +165,6 @@ class Placement:
         return pa.Table.from_arrays(columns, schema=PLACEMENT)
 
 
-def release_arrow_memory() -> None:
-    """Hand the pages Arrow's allocator keeps after frees back to the system, so the driver's
-    peak is what it holds, not what it held before (10 M rows: −1.3 GB resident after mix)."""
-    pa.default_memory_pool().release_unused()
-
-
 def read_counts(tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage) -> pa.Table:
     """The count columns of every row, sorted by sample_id (arrival order must not matter). A
     table tokenized before preference pairs existed has no ``pair_side``: it holds no pairs."""
@@ -291,66 +287,85 @@ def write_shards(
     shard_dir: str,
     storage: fs.Storage,
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the placed rows of some shards, sorted by shard → those shards, one
-    result row each. One shard's rows are held at a time, however many shards the partition
-    holds (hash partitioning puts several in some partitions)."""
-    for shard, rows in rows_by_shard(batches):
-        yield write_placed_shard(rows, shard, settings, packed_root, shard_dir, storage)
+    """mapInArrow body: the placed rows of some shards, sorted by (shard, bin_row, position)
+    → those shards, one result row each. One row group's rows are held at a time, however
+    many shards the partition holds (hash partitioning puts several in some) and however
+    large a shard is."""
+    runs = rows_by_row_group(batches, settings.bins_per_row_group)
+    for shard, groups in itertools.groupby(runs, key=lambda run: run[0]):
+        yield write_placed_shard(
+            (rows for _, rows in groups), shard, settings, packed_root, shard_dir, storage
+        )
 
 
-def rows_by_shard(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.Table]]:
-    """(shard, its rows) for batches sorted by their ``shard`` column, one shard at a time."""
+def rows_by_row_group(
+    batches: Iterable[pa.RecordBatch], bins_per_row_group: int
+) -> Iterator[tuple[int, pa.Table]]:
+    """(shard, its rows of one row group) for batches sorted by ``shard`` then ``bin_row``, one
+    row group (``bins_per_row_group`` consecutive bins of a shard) at a time."""
     held: list[pa.RecordBatch] = []
-    current: int | None = None
+    current: tuple[int, int] | None = None
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        numbers = batch.column("shard").to_numpy()
-        cuts = [0, *(np.flatnonzero(np.diff(numbers)) + 1).tolist(), len(numbers)]
+        shard = batch.column("shard").to_numpy()
+        group = batch.column("bin_row").to_numpy() // bins_per_row_group
+        changes = (np.diff(shard) != 0) | (np.diff(group) != 0)
+        cuts = [0, *(np.flatnonzero(changes) + 1).tolist(), len(shard)]
         for start, end in itertools.pairwise(cuts):
-            shard = int(numbers[start])
-            if held and shard != current:
-                yield current, pa.Table.from_batches(held)
+            key = (int(shard[start]), int(group[start]))
+            if held and key != current:
+                yield current[0], pa.Table.from_batches(held)
                 held = []
-            current = shard
+            current = key
             held.append(batch.slice(start, end - start))
     if held:
-        yield current, pa.Table.from_batches(held)
+        yield current[0], pa.Table.from_batches(held)
 
 
 def write_placed_shard(
-    rows: pa.Table,
+    row_tables: Iterable[pa.Table],
     shard: int,
     settings: PackSettings,
     packed_root: str,
     shard_dir: str,
     storage: fs.Storage,
 ) -> pa.RecordBatch:
-    """Build one shard's bins from its placed rows (any order) and write it; what was written
-    and its cost index rows, as one result row."""
+    """Build one shard's bins from its placed rows and write it; what was written and its cost
+    index rows, as one result row. ``row_tables`` come in bin order, each holding whole bins
+    (rows in any order within it), and are read one at a time."""
     started = time.perf_counter()
-    order = pc.sort_indices(rows, [("bin_row", "ascending"), ("position", "ascending")])  # no copy of rows
-    per_bin = np.bincount(rows.column("bin_row").to_numpy())
-    lay = shards.BinLayout(rows=order.to_numpy(), bin_starts=np.concatenate([[0], np.cumsum(per_bin)]))
     name = shard_path(shard_dir, shard)
     prepared = settings.media == "prepared"
     cost_rows: list[pa.Table] = []
+    rows_in = 0
 
     def row_groups() -> Iterator[pa.RecordBatch]:
-        """The shard's bins one row group at a time: embedded media are read per row group, so
-        a task holds one row group's media however large the shard."""
+        """The shard's bins one row group at a time: a task holds one table's rows and one row
+        group's embedded media however large the shard."""
+        nonlocal rows_in
         per_group = settings.bins_per_row_group
-        for first in range(0, lay.num_bins, per_group):
-            end = min(first + per_group, lay.num_bins)
-            read_media = _media_reader(storage, prepared) if settings.embed_media else None
-            batch = shards.build_bins(rows, lay, first, end, group=0, read_media=read_media)
-            cost_rows.append(costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile, first))
-            yield batch
+        for rows in row_tables:
+            rows_in += rows.num_rows
+            order = pc.sort_indices(rows, [("bin_row", "ascending"), ("position", "ascending")])  # no copy
+            bin_rows = rows.column("bin_row").to_numpy()
+            per_bin = np.bincount(bin_rows)  # zero for the shard's bins before this table's
+            lay = shards.BinLayout(
+                rows=order.to_numpy(), bin_starts=np.concatenate([[0], np.cumsum(per_bin)])
+            )
+            for first in range(int(bin_rows.min()), lay.num_bins, per_group):
+                end = min(first + per_group, lay.num_bins)
+                read_media = _media_reader(storage, prepared) if settings.embed_media else None
+                batch = shards.build_bins(rows, lay, first, end, group=0, read_media=read_media)
+                cost_rows.append(
+                    costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile, first)
+                )
+                yield batch
 
     written = shards.write_shard(packed_root, name, row_groups(), settings.bins_per_row_group, storage)
     result = {
         "shard": shard,
-        "rows_in": rows.num_rows,
+        "rows_in": rows_in,
         "written": asdict(written),
         "costs": costs.to_ipc(pa.concat_tables(cost_rows)),  # a placed shard has bins
         "seconds": time.perf_counter() - started,
@@ -411,13 +426,13 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         return report.write_report(ctx.output, storage)
 
     counts = read_counts(tokenized_uri, snap, storage)
-    release_arrow_memory()
+    release_memory()  # the driver's peak is what it holds, not what it held before
     over = check_oversize(counts, settings)
     try:
         chosen = mix.choose(counts, settings.mix, excluded=over)
     except mix.MixError as err:
         raise PackError(str(err)) from err
-    release_arrow_memory()
+    release_memory()  # 10 M rows: −1.3 GB resident after mix
     if counts.num_rows and not chosen.copies.any():
         raise PackError(
             "the dataset weights, max_samples and evaluation split leave no sample to train on: "
@@ -490,10 +505,9 @@ def write_placement(
     if placement.items <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
         placed = F.broadcast(placed)
     by_shard = rows.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
-    by_shard = by_shard.sortWithinPartitions("shard")  # write_shards holds one shard at a time
-    results = [
-        r.asDict(recursive=True) for r in by_shard.mapInArrow(task, from_arrow_schema(SHARD_RESULT)).collect()
-    ]
+    by_shard = by_shard.sortWithinPartitions("shard", "bin_row", "position")  # a task holds one row group
+    written = by_shard.mapInArrow(releasing(task), from_arrow_schema(SHARD_RESULT))
+    results = [r.asDict(recursive=True) for r in written.collect()]
     return sorted(results, key=lambda r: r["shard"])
 
 

@@ -31,6 +31,7 @@ from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.families import model_dir
 from mmpack_udfs.io import fs, runs, tables
 from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.tokenize.encoder import TokenizeSettings, to_record_batch, worker_tokenizer
 
@@ -214,7 +215,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         task = UnitTask(
             settings, out_uris["tokenized"], out_uris["tokenize_quarantine"], tables.run_tag(run_id), storage
         )
-        body = partial(tokenize_units, task=task)
+        body = releasing(partial(tokenize_units, task=task))
         results = [
             r.asDict(recursive=True)
             for r in unit_df.mapInArrow(body, from_arrow_schema(UNIT_RESULT)).collect()

@@ -30,6 +30,7 @@ from mmpack_udfs.constants import IGNORE_INDEX
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.pack import costs, mix
 from mmpack_udfs.pack.shards import list_lengths, owner_of_elements
@@ -119,7 +120,7 @@ def check_pack(spark, packed_root: str, manifest: Mapping[str, Any], storage: fs
     task = partial(
         check_shards, packed_root=packed_root, budget=manifest["budget"], storage=storage, profile=profile
     )
-    checked = listing.mapInArrow(task, from_arrow_schema(CHECKED)).persist()
+    checked = listing.mapInArrow(releasing(task), from_arrow_schema(CHECKED)).persist()
     problems += sorted(r.problem for r in checked.where("problem IS NOT NULL").collect())
     return problems, checked.where("sample_id IS NOT NULL").select("sample_id")
 

@@ -28,7 +28,8 @@ def installed(tmp_path_factory) -> Path:
 def env_archive(installed, tmp_path_factory) -> Path:
     """``installed`` packed by venv-pack: what ``spark-submit --archives`` ships to executors."""
     archive = tmp_path_factory.mktemp("archive") / "mmpack-env.tar.gz"
-    subprocess.run([installed / "bin" / "venv-pack", "--quiet", "-p", installed, "-o", archive], check=True)
+    command = [installed / "bin" / "venv-pack", "--quiet", "-p", installed, "-o", archive]
+    subprocess.run([*command, "--compress-level", "1"], check=True)  # packed once, unpacked often
     return archive
 
 

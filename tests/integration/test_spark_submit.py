@@ -13,6 +13,7 @@ import pytest
 
 from mmpack_udfs import cli, schemas
 from mmpack_udfs.io import tables
+from tests.conftest import PACKED_DEMO_SETTINGS
 from tools import make_dist
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -33,20 +34,23 @@ def table_rows(out: Path, name: str) -> list[dict]:
     return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
-def test_spark_submit_jobs_match_mmpack_run(demo, tmp_path):
+def test_spark_submit_jobs_match_mmpack_run(demo, packed_demo, tmp_path):
+    """Each stage its own application, against the session's in-process run of the same
+    stages and settings (``packed_demo``)."""
     dist = make_dist.build(tmp_path / "dist")
     names = zipfile.ZipFile(dist).namelist()
     assert {"mmpack_udfs/pack/costs.py", "loader/balance.py", "mmpack_udfs/config/model.py"} <= set(names)
     assert not [name for name in names if name.startswith("mmpack_udfs/demo/")]
-    by_cli, by_submit = tmp_path / "run", tmp_path / "submit"
-    assert cli.main(["run", "--config", str(demo.config), "--out", str(by_cli), "--master", "local[2]"]) == 0
+    by_submit = tmp_path / "submit"
+    sets = [arg for setting in PACKED_DEMO_SETTINGS for arg in ("--set", setting)]
     for job in [*cli.PIPELINE, "validate"]:
-        result = submit(job, dist, "--config", str(demo.config), "--out", str(by_submit))
+        result = submit(job, dist, "--config", str(demo.config), "--out", str(by_submit), *sets)
         assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((by_submit / "report" / "validate.json").read_text())["ok"]
     for name in schemas.TABLES:
-        assert table_rows(by_submit, name) == table_rows(by_cli, name)
-    manifests = [json.loads((out / "packed" / "manifest.json").read_text()) for out in (by_cli, by_submit)]
+        assert table_rows(by_submit, name) == table_rows(packed_demo, name)
+    outputs = (packed_demo, by_submit)
+    manifests = [json.loads((out / "packed" / "manifest.json").read_text()) for out in outputs]
     assert [s["sha256"] for s in manifests[0]["shards"]] == [s["sha256"] for s in manifests[1]["shards"]]
     assert manifests[0]["totals"] == manifests[1]["totals"]
 

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import boto3
@@ -89,18 +88,21 @@ def test_an_executor_killed_mid_tokenize_still_gives_identical_shards(cluster, s
 def test_the_readme_spark_submit_recipe_with_the_venv_pack_archive(
     cluster, env_archive, demo, packed_demo, tmp_path
 ):
-    """README "On a cluster": every stage submitted with ``--archives
+    """README "On a cluster": the stages submitted with ``--archives
     mmpack-env.tar.gz#environment`` and ``spark.pyspark.python=./environment/bin/python``,
     from a shell whose only virtualenv is the archive's, unpacked in the driver's directory as
-    on an edge node. Executors unpack the archive in their own directories."""
+    on an edge node: ``run`` (normalize, tokenize and pack in one application), then
+    ``validate`` as an application of its own on what the first wrote (each submit unpacks
+    a 1.7 GB environment twice, so two submits rather than one per stage). Executors unpack
+    the archive in their own directories."""
     submit_dir = tmp_path / "submit"
-    with tarfile.open(env_archive) as tar:
-        tar.extractall(submit_dir / "environment", filter="fully_trusted")
+    (submit_dir / "environment").mkdir(parents=True)
+    subprocess.run(["tar", "-xzf", str(env_archive), "-C", str(submit_dir / "environment")], check=True)
     sets = [arg for setting in PACKED_DEMO_SETTINGS for arg in ("--set", setting)]
     shell = clean_env(tmp_path)
     shell["PATH"] = f"{submit_dir / 'environment' / 'bin'}:{shell['PATH']}"  # the archive's env, activated
     out = tmp_path / "out"
-    for job in [*cli.PIPELINE, "validate"]:
+    for job in ["run", "validate"]:
         command = ["environment/bin/spark-submit", "--master", cluster.url, "--total-executor-cores", "1",
                    "--archives", f"{env_archive}#environment",
                    "--conf", "spark.pyspark.python=./environment/bin/python",
@@ -110,4 +112,4 @@ def test_the_readme_spark_submit_recipe_with_the_venv_pack_archive(
     assert json.loads((out / "report" / "validate.json").read_text())["ok"]
     assert_same_shards(out, packed_demo)
     unpacked = [d for d in cluster.executor_dirs() if (d / "environment" / "bin" / "python").exists()]
-    assert len(unpacked) >= len(cli.PIPELINE)  # each stage's executor unpacked its own copy
+    assert len(unpacked) >= 2  # each application's executor unpacked its own copy

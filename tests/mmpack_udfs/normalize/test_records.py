@@ -1,5 +1,7 @@
 import json
 
+import pyarrow as pa
+
 from mmpack_udfs.normalize import media, records
 from mmpack_udfs.normalize.sharegpt import DatasetSpec
 from mmpack_udfs.schemas import ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
@@ -98,3 +100,20 @@ def test_parquet_binary_content_is_text_when_utf8_and_never_a_bytes_repr(tmp_pat
     text, binary = (normalizer(tmp_path)(r) for r in raws)
     assert text["kind"] == ROW_KIND_SAMPLE and text["turns"][0] == {"role": "user", "text": "hé"}
     assert binary["kind"] == ROW_KIND_QUARANTINE and binary["reason"] == "non_string_content"
+
+
+def test_a_large_spark_batch_is_normalized_a_chunk_at_a_time(tmp_path):
+    """A task holds CHUNK_ROWS records as Python objects at a time, whatever the batch size."""
+    from mmpack_udfs.normalize.inputs import RAW
+
+    turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    texts = [json.dumps({"conversations": turns, "id": i}) for i in range(2 * records.CHUNK_ROWS + 7)]
+    rows = [raw(text, position=i) for i, text in enumerate(texts)]
+    batch = pa.RecordBatch.from_pylist(rows, schema=RAW)
+    spec = DatasetSpec(name="d", paths=("x",), media_root=str(tmp_path))
+    settings = records.NormalizeSettings(media.ProbeSettings())
+    out = list(records.normalize_batches(iter([batch]), {"d": spec}, settings))
+    assert [b.num_rows for b in out] == [records.CHUNK_ROWS, records.CHUNK_ROWS, 7]
+    normalized = pa.Table.from_batches(out)
+    assert normalized["source_position"].to_pylist() == list(range(len(texts)))
+    assert set(normalized["kind"].to_pylist()) == {"sample"}

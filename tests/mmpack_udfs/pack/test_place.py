@@ -65,25 +65,36 @@ def test_a_shard_does_not_depend_on_how_its_rows_arrive(tmp_path):
     for name in ("shard", "bin_row", "position"):
         placed = placed.append_column(name, pa.array(getattr(placement, name).astype(np.int32)))
     mine = placed.filter(pc.equal(placed["shard"], 0))
+    shuffles = (np.random.default_rng(seed).permutation(mine.num_rows) for seed in (0, 1))
+    arrivals = [[mine.take(pa.array(order))] for order in shuffles]
+    in_order = mine.sort_by([("bin_row", "ascending"), ("position", "ascending")])
+    batches = in_order.to_batches(max_chunksize=7)  # as Spark hands over the sorted partition
+    groups = [rows for _, rows in pack.rows_by_row_group(iter(batches), SETTINGS.bins_per_row_group)]
+    assert len(groups) == -(-SETTINGS.bins_per_shard // SETTINGS.bins_per_row_group) > 1
+    arrivals.append(groups)
     results = []
-    for seed in (0, 1, 2):
-        shuffled = mine.take(pa.array(np.random.default_rng(seed).permutation(mine.num_rows)))
-        result = pack.write_placed_shard(
-            shuffled, 0, SETTINGS, str(tmp_path / str(seed)), "shards/t", fs.LOCAL
-        )
+    for n, tables in enumerate(arrivals):
+        result = pack.write_placed_shard(tables, 0, SETTINGS, str(tmp_path / str(n)), "shards/t", fs.LOCAL)
         results.append(result.to_pylist()[0])
     assert len({r["written"]["sha256"] for r in results}) == 1
+    assert {r["rows_in"] for r in results} == {mine.num_rows}
     assert results[0]["written"]["rows"] == SETTINGS.bins_per_shard
     index = costs.from_ipc(results[0]["costs"])
     assert index.num_rows == SETTINGS.bins_per_shard
 
 
-def test_rows_by_shard_holds_one_shard_at_a_time_across_batch_boundaries():
-    """write_shards' input: a partition's rows sorted by shard, in batches that cut anywhere."""
-    def batch(shards: list[int], xs: list[int]) -> pa.RecordBatch:
-        return pa.record_batch({"shard": pa.array(shards, pa.int64()), "x": pa.array(xs, pa.int64())})
+def test_rows_by_row_group_holds_one_row_group_at_a_time_across_batch_boundaries():
+    """write_shards' input: a partition's rows sorted by (shard, bin_row), in batches that cut anywhere."""
 
-    batches = [batch([0, 0, 1, 1, 1], [1, 2, 3, 4, 5]), batch([], []), batch([1, 3], [6, 7]), batch([9], [8])]
-    runs = [(shard, rows.column("x").to_pylist()) for shard, rows in pack.rows_by_shard(iter(batches))]
-    assert runs == [(0, [1, 2]), (1, [3, 4, 5, 6]), (3, [7]), (9, [8])]
-    assert list(pack.rows_by_shard(iter([]))) == []
+    def batch(shards: list[int], bins: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"shard": pa.array(shards, pa.int64()), "bin_row": pa.array(bins, pa.int64())})
+
+    batches = [
+        batch([0, 0, 0, 1, 1], [0, 1, 2, 0, 0]),
+        batch([], []),
+        batch([1, 1, 3], [1, 4, 0]),
+        batch([9], [7]),
+    ]
+    runs = [(shard, rows["bin_row"].to_pylist()) for shard, rows in pack.rows_by_row_group(iter(batches), 2)]
+    assert runs == [(0, [0, 1]), (0, [2]), (1, [0, 0, 1]), (1, [4]), (3, [0]), (9, [7])]
+    assert list(pack.rows_by_row_group(iter([]), 2)) == []
