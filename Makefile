@@ -106,8 +106,9 @@ bench-pack: setup
 bench-pack-spark: setup
 	$(BIN)/python bench/bench_pack_spark.py --rows 1000000
 
-# pack at 1 M, 3 M and 10 M rows (driver memory per row), then end to end at 10 k and 100 k
-# samples with realistic media use (peak memory per process kind); about 40 min on 2 cores
+# pack at 1 M, 3 M and 10 M rows (driver memory per row), then end to end at 10 k, 100 k and
+# 1 M samples with realistic media use (peak memory per process kind); about 45 min on 2 cores
+# once the demo data of each size exists (bench/out keeps it; drawing it takes longer)
 bench-scale: setup
 	for rows in 1000000 3000000 10000000; do $(BIN)/python bench/bench_pack_spark.py --rows $$rows --driver-memory 8g || exit 1; done
 	for samples in 10000 100000; do $(BIN)/python bench/bench_end_to_end.py --samples $$samples --media-reuse 0.1 || exit 1; done

@@ -149,6 +149,11 @@ PACKED_DEMO_SETTINGS = (
 )
 
 
+def set_args(settings) -> list[str]:
+    """``--set`` options of the CLI for ``settings`` (``key=value`` strings)."""
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
 @pytest.fixture(scope="session")
 def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
     """An output root with the demo data packed into many small bins and row groups."""

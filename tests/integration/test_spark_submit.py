@@ -13,7 +13,7 @@ import pytest
 
 from mmpack_udfs import cli, schemas
 from mmpack_udfs.io import tables
-from tests.conftest import PACKED_DEMO_SETTINGS
+from tests.conftest import PACKED_DEMO_SETTINGS, set_args
 from tools import make_dist
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -42,7 +42,7 @@ def test_spark_submit_jobs_match_mmpack_run(demo, packed_demo, tmp_path):
     assert {"mmpack_udfs/pack/costs.py", "loader/balance.py", "mmpack_udfs/config/model.py"} <= set(names)
     assert not [name for name in names if name.startswith("mmpack_udfs/demo/")]
     by_submit = tmp_path / "submit"
-    sets = [arg for setting in PACKED_DEMO_SETTINGS for arg in ("--set", setting)]
+    sets = set_args(PACKED_DEMO_SETTINGS)
     for job in [*cli.PIPELINE, "validate"]:
         result = submit(job, dist, "--config", str(demo.config), "--out", str(by_submit), *sets)
         assert result.returncode == 0, result.stderr[-3000:]

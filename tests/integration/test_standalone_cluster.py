@@ -17,7 +17,7 @@ import pytest
 
 from mmpack_udfs import cli
 from mmpack_udfs.demo import data as demo_data
-from tests.conftest import PACKED_DEMO_SETTINGS
+from tests.conftest import PACKED_DEMO_SETTINGS, set_args
 from tests.integration.conftest import clean_env
 from tests.integration.standalone import ExecutorKiller, free_port, start_cluster
 from tests.models.build import build_model_dir
@@ -56,7 +56,7 @@ def test_an_executor_killed_mid_tokenize_still_gives_identical_shards(cluster, s
         client.upload_file(str(file), bucket, f"models/qwen2_5_vl/{file.name}")
     settings = [f"tokenize.model=s3://{bucket}/models/qwen2_5_vl", f"s3.endpoint_override={endpoint}",
                 *PACKED_DEMO_SETTINGS]  # fmt: skip
-    sets = [arg for setting in settings for arg in ("--set", setting)]
+    sets = set_args(settings)
     local = tmp_path / "local"
     reference = ["run", "--config", str(demo.config), "--out", str(local), "--master", "local[2]"]
     assert cli.main([*reference, *sets]) == 0
@@ -98,7 +98,7 @@ def test_the_readme_spark_submit_recipe_with_the_venv_pack_archive(
     submit_dir = tmp_path / "submit"
     (submit_dir / "environment").mkdir(parents=True)
     subprocess.run(["tar", "-xzf", str(env_archive), "-C", str(submit_dir / "environment")], check=True)
-    sets = [arg for setting in PACKED_DEMO_SETTINGS for arg in ("--set", setting)]
+    sets = set_args(PACKED_DEMO_SETTINGS)
     shell = clean_env(tmp_path)
     shell["PATH"] = f"{submit_dir / 'environment' / 'bin'}:{shell['PATH']}"  # the archive's env, activated
     out = tmp_path / "out"
