@@ -106,11 +106,13 @@ bench-pack: setup
 bench-pack-spark: setup
 	$(BIN)/python bench/bench_pack_spark.py --rows 1000000
 
-# pack at 1 M, 3 M and 10 M rows (driver memory per row), then end to end at 10 k, 100 k and
-# 1 M samples with realistic media use (peak memory per process kind); about 45 min on 2 cores
-# once the demo data of each size exists (bench/out keeps it; drawing it takes longer)
+# pack at 1 M, 3 M and 10 M rows (driver memory per row), the driver's plan alone at 100 M rows
+# (~18 GB of memory, 4 GB of disk, ~10 min), then end to end at 10 k, 100 k and 1 M samples with
+# realistic media use (peak memory per process kind); about 55 min on 2 cores once the demo
+# data of each size exists (bench/out keeps it; drawing it takes longer)
 bench-scale: setup
 	for rows in 1000000 3000000 10000000; do $(BIN)/python bench/bench_pack_spark.py --rows $$rows --driver-memory 8g || exit 1; done
+	$(BIN)/python bench/bench_pack_plan.py --rows 100000000
 	for samples in 10000 100000; do $(BIN)/python bench/bench_end_to_end.py --samples $$samples --media-reuse 0.1 || exit 1; done
 	$(BIN)/python bench/bench_end_to_end.py --samples 1000000 --media-reuse 0.9  # 1 M unique images would take ~75 min to draw
 

@@ -211,5 +211,10 @@ class Storage:
     def exists(self, uri: str) -> bool:
         return self.file_info(uri).type != pafs.FileType.NotFound
 
+    def delete_dir(self, uri: str) -> None:
+        """Delete a folder and everything in it (on S3: every key under it and its marker)."""
+        fs, path = self.filesystem(uri)
+        fs.delete_dir(path)
+
 
 LOCAL = Storage()  # local files only (and S3 with the default setup)

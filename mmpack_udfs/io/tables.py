@@ -149,16 +149,21 @@ def read_arrow(
 def read_table(spark, uri: str, storage: fs.Storage = fs.LOCAL, snap: Snapshot | None = None):
     """A Spark DataFrame over the table's current files (local: Spark's Parquet reader), or
     over those of ``snap``."""
+    snap = snap or snapshot(uri, storage)
+    return read_parquet(spark, snap.files, snap.schema, storage)
+
+
+def read_parquet(spark, files: Sequence[str], arrow_schema: pa.Schema, storage: fs.Storage = fs.LOCAL):
+    """A Spark DataFrame over Parquet ``files`` of ``arrow_schema`` (local: Spark's Parquet
+    reader; S3: one task per file reading it with pyarrow)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    snap = snap or snapshot(uri, storage)
-    files, arrow_schema = snap.files, snap.schema
     spark_schema = from_arrow_schema(arrow_schema)
     if not files:
         return spark.createDataFrame([], spark_schema)
     if not any(fs.is_s3(f) for f in files):
         return spark.read.schema(spark_schema).parquet(*files)
-    listing = one_task_per_row(spark, pa.table({"uri": pa.array(files, pa.string())}))
+    listing = one_task_per_row(spark, pa.table({"uri": pa.array(list(files), pa.string())}))
 
     def read_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

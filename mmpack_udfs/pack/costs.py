@@ -98,16 +98,19 @@ def bin_figures(
 ) -> dict[str, np.ndarray]:
     """The cost figures of bins not built yet, from their samples' (``bin_of[i]``: sample
     ``i``'s bin, -1 if not packed): tokens, Σ l², vision patches and Σ patches²."""
-    packed = bin_of >= 0
+    packed = None if (bin_of >= 0).all() else bin_of >= 0  # the pack stage packs every sample
+    bins = bin_of if packed is None else bin_of[packed]
 
-    def per_bin(values: np.ndarray) -> np.ndarray:
-        return np.bincount(bin_of[packed], weights=values[packed].astype(np.float64), minlength=num_bins)
+    def per_bin(values: np.ndarray, power: int = 1, scale: int = 1) -> np.ndarray:
+        weights = (values if packed is None else values[packed]).astype(np.float64)
+        weights **= power
+        weights *= scale
+        return np.bincount(bins, weights=weights, minlength=num_bins)
 
-    tokens = tokens.astype(np.int64)
     return {
         "tokens": per_bin(tokens),
-        "sum_sq_lengths": per_bin(tokens * tokens),
-        "vision_patches": per_bin(vision_tokens.astype(np.int64) * VISION_PATCHES_PER_TOKEN),
+        "sum_sq_lengths": per_bin(tokens, power=2),
+        "vision_patches": per_bin(vision_tokens, scale=VISION_PATCHES_PER_TOKEN),
         "vision_sq_patches": per_bin(squares),
     }
 
@@ -171,6 +174,8 @@ def media_squares(media: pa.Array, profile: Mapping[str, Any]) -> np.ndarray:
     """Per row of a ``list<struct>`` media column (MEDIA_FIELDS): Σ over the vision encoder's
     attention blocks of patches²."""
     items = pc.list_flatten(media)
+    if not len(items):  # text only
+        return np.zeros(len(media), np.int64)
     counts = pc.list_value_length(media).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     owner = owner_of_elements(counts)
     field = {name: items.field(name).to_numpy(zero_copy_only=False).astype(np.int64) for name in MEDIA_FIELDS}

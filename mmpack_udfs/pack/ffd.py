@@ -69,14 +69,21 @@ def first_fit_decreasing(
         raise ValueError(f"budget must be positive, got {budget}")
     if (second is None) != (second_budget is None):
         raise ValueError("give both second and second_budget, or neither")
-    second = np.zeros(n, np.int64) if second is None else np.ascontiguousarray(second, dtype=np.int64)
+    use_second = second is not None
+    second = np.ascontiguousarray(second, dtype=np.int64) if use_second else np.zeros(n, np.int64)[:0]
     second_budget = int(second_budget) if second_budget is not None else 0
-    if len(second) != n or (keys is not None and len(keys) != n) or (groups is not None and len(groups) != n):
+    if (
+        (use_second and len(second) != n)
+        or (keys is not None and len(keys) != n)
+        or (groups is not None and len(groups) != n)
+    ):
         raise ValueError("lengths, second, keys and groups must have one entry per item")
     if (lengths < 0).any() or (second < 0).any():
         raise ValueError("sizes must be non-negative")
 
-    too_big = (lengths > budget) | (second > second_budget if second_budget else False)
+    too_big = lengths > budget
+    if use_second and second_budget:
+        too_big |= second > second_budget
     if too_big.any() and oversize == "error":
         first = int(np.flatnonzero(too_big)[0])
         raise OversizeError(
@@ -84,14 +91,24 @@ def first_fit_decreasing(
             f"{lengths[first]} > {budget}"
             + (f" or second size {second[first]} > {second_budget}" if second_budget else "")
         )
-    tie = np.arange(n, dtype=np.int64) if keys is None else np.asarray(keys)
-    order = np.lexsort((tie, -lengths))  # longest first; equal lengths by key
-    order = order[~too_big[order]]
+    # longest first; equal lengths by key, or in item order (a stable sort)
+    order = np.argsort(-lengths, kind="stable") if keys is None else np.lexsort((np.asarray(keys), -lengths))
+    if too_big.any():
+        order = order[~too_big[order]]
     bin_of = np.full(n, -1, np.int64)
     group_of = np.arange(n, dtype=np.int64) if groups is None else np.ascontiguousarray(groups, np.int64)
-    widest = int(np.unique(group_of, return_counts=True)[1].max()) if n else 1
+    widest = _widest_group(group_of)
     num_bins = _pack(lengths, second, order, budget, second_budget, group_of, widest, bin_of)
     return Packing(bin_of=bin_of, num_bins=int(num_bins), skipped=np.flatnonzero(too_big))
+
+
+def _widest_group(group_of: np.ndarray) -> int:
+    """The most items any one group holds (1 without items)."""
+    if not len(group_of):
+        return 1
+    if group_of.min() >= 0:  # group numbers, as the pack stage gives them: count without sorting
+        return int(np.bincount(group_of).max())
+    return int(np.unique(group_of, return_counts=True)[1].max())
 
 
 @numba.njit(cache=True)
@@ -109,7 +126,8 @@ def _pack(lengths, second, order, budget, second_budget, group_of, widest, bin_o
     saved = np.empty((widest, 2), np.int64)  # their room while hidden
     num_taken, group = 0, -1
     for item in order:
-        need, need2 = lengths[item], second[item]
+        need = lengths[item]
+        need2 = second[item] if use_second else 0
         if group_of[item] != group:
             group, num_taken = group_of[item], 0
         for k in range(num_taken):  # hide them from the search

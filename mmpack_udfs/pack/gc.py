@@ -1,8 +1,9 @@
 """``mmpack gc``: remove the shard files of failed or superseded packs.
 
-A pack writes its shards under ``OUT/packed/shards/<run tag>/`` and publishes them by
-writing ``manifest.json`` last, so a killed pack or a replaced one leaves files behind
-that nothing names. This deletes every file under ``OUT/packed/shards/`` (and
+A pack writes its shards under ``OUT/packed/shards/<run tag>/`` (and, while its tasks run,
+the placement they read under ``_placement/`` there) and publishes them by writing
+``manifest.json`` last, so a killed pack or a replaced one leaves files behind that nothing
+names. This deletes every file under ``OUT/packed/shards/`` (and
 ``OUT/packed-eval/shards/``) that the published manifests do not name, and never one they
 name. The CLI holds the output
 root's lock meanwhile, so no pack can be writing new shards.

@@ -76,14 +76,15 @@ def units_of(counts: pa.Table) -> Units:
     sample_id, so a pair's ``-chosen`` row comes right before its ``-rejected`` row)."""
     n = counts.num_rows
     sides = counts.column("pair_side")
-    if sides.null_count == n:
-        return Units(np.arange(n, dtype=np.int64), np.full(n, -1, np.int64))
+    if sides.null_count == n:  # no pairs: "no second row" is one value, not an array (driver memory)
+        return Units(np.arange(n, dtype=np.int64), np.broadcast_to(np.int64(-1), n))
     chosen, rejected = (pc.fill_null(pc.equal(sides, side), False).to_numpy(zero_copy_only=False)
                         for side in (CHOSEN, REJECTED))  # fmt: skip
     partner = np.flatnonzero(chosen) + 1
-    parents = counts.column("parent_id").to_numpy(zero_copy_only=False)
+    parents = counts.column("parent_id")
     whole = (partner < n) & rejected[np.minimum(partner, n - 1)]
-    whole &= parents[partner.clip(max=n - 1)] == parents[partner - 1]
+    own, next_ = (parents.take(pa.array(rows)) for rows in (partner - 1, partner.clip(max=n - 1)))
+    whole &= pc.equal(own, next_).to_numpy(zero_copy_only=False)
     if not whole.all() or rejected.sum() != chosen.sum():
         broken = counts.column("sample_id").take(pa.array(np.flatnonzero(chosen)[~whole][:3])).to_pylist()
         raise PairError(

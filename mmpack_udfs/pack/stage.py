@@ -2,13 +2,14 @@
 
     driver: the count columns of every row (ids, lengths, media grids) → oversize check
         → first-fit-decreasing over all rows → bins in cost-stratified row groups
-        (costs.stratified_order) → where each row goes: (shard, bin row, position)
+        (costs.stratified_order) → where each row goes: (shard, bin row, position), written
+        as Parquet parts beside the run's shards (_placement/, removed once they are written)
     Spark:  rows ⋈ placement ──repartition(shards, shard), sorted by (shard, bin, position)──▶
         tasks that build and write whole shards (packed/shards/<run tag>/s<shard>.parquet),
         one row group at a time, and their cost index rows
     driver: reconcile (rows in = packed + skipped), write manifest.json last, report
 
-The driver holds only counts (its memory grows with the rows: README "Sizing") and packs them in one
+The driver holds only counts (~0.2 KB a row: README "Sizing") and packs them in one
 first-fit-decreasing (numba: ~1 s per million rows), so the layout is global: every row
 group holds one bin of each cost stratum of the whole run, which is what lets a loader
 balance ranks while reading whole row groups (loader.balance). A retried task rewrites
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 import mmpack_udfs
 from mmpack_udfs import schemas
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"
 BROADCAST_ROWS = 1_000_000  # placements up to this many rows (~50 MB) are broadcast to the join
+PLACEMENT_PART_ITEMS = 1_000_000  # items per Parquet file of the placement handed to the shard tasks
+PLACEMENT_DIR = "_placement"  # beside a run's shards while its tasks run (gc removes a killed run's)
 COUNT_COLUMNS = ["sample_id", "parent_id", "dataset", "num_tokens", "image_tokens", "video_tokens", "media",
                  "pair_side"]  # fmt: skip
 
@@ -145,34 +149,62 @@ def derive_run_id(config: Config, tokenized_uri: str, version: int) -> str:
 @dataclass(frozen=True)
 class Placement:
     """Where each packed item goes: a row of the counts table, or one of its copies (a dataset
-    weight); copies of one row are in different bins."""
+    weight); copies of one row are in different bins. Items hold row numbers, not ids: the
+    ids are taken a part at a time when the placement is written for the shard tasks."""
 
-    sample_id: pa.Array  # of each item
-    shard: np.ndarray  # shard number
-    bin_row: np.ndarray  # row of its bin in the shard
-    position: np.ndarray  # its place in the bin (longest first)
+    ids: pa.Array  # sample_id of each row of the counts table
+    row: np.ndarray  # int64 per item: its row
+    shard: np.ndarray  # int32 per item: shard number
+    bin_row: np.ndarray  # int32: row of its bin in the shard
+    position: np.ndarray  # int32: its place in the bin (longest first)
     shard_bins: list[int]  # bins per shard
 
     @property
     def items(self) -> int:
         return len(self.shard)
 
-    def table(self) -> pa.Table:
-        """(sample_id, shard, bin_row, position) of every item."""
-        columns = [self.sample_id] + [
-            pa.array(a.astype(np.int32)) for a in (self.shard, self.bin_row, self.position)
-        ]
-        return pa.Table.from_arrays(columns, schema=PLACEMENT)
+    @property
+    def sample_id(self) -> pa.Array:
+        """The sample id of each item."""
+        return self.ids.take(pa.array(self.row))
+
+    def parts(self, items_per_part: int = PLACEMENT_PART_ITEMS) -> Iterator[pa.Table]:
+        """(sample_id, shard, bin_row, position) of every item, ``items_per_part`` at a time."""
+        for start in range(0, self.items, items_per_part):
+            part = slice(start, start + items_per_part)
+            columns = [self.ids.take(pa.array(self.row[part])).cast(pa.string())] + [
+                pa.array(a[part]) for a in (self.shard, self.bin_row, self.position)
+            ]
+            yield pa.Table.from_arrays(columns, schema=PLACEMENT)
 
 
 def read_counts(tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage) -> pa.Table:
     """The count columns of every row, sorted by sample_id (arrival order must not matter). A
-    table tokenized before preference pairs existed has no ``pair_side``: it holds no pairs."""
+    table tokenized before preference pairs existed has no ``pair_side``: it holds no pairs.
+    Sorted a column at a time, so the driver holds one column twice, never the table."""
     present = [c for c in COUNT_COLUMNS if c in snap.schema.names]
-    counts = tables.read_arrow(tokenized_uri, storage, columns=present, snap=snap)
-    if "pair_side" not in present:
-        counts = counts.append_column("pair_side", pa.nulls(counts.num_rows, pa.string()))
-    return counts.take(pc.sort_indices(counts, [("sample_id", "ascending")])).combine_chunks()
+    table = tables.read_arrow(tokenized_uri, storage, columns=present, snap=snap)
+    columns: dict[str, pa.Array] = {}
+    for name in present:  # each column made contiguous in turn (sorting chunks would copy them)
+        columns[name] = _count_column(name, table.column(name))
+        table = table.drop_columns([name])
+    del table
+    if "pair_side" not in columns:
+        columns["pair_side"] = pa.nulls(len(columns["sample_id"]), pa.string())
+    order = pc.sort_indices(columns["sample_id"])
+    for name in columns:  # each replaced in turn, the unsorted one dropped
+        columns[name] = columns[name].take(order)
+    return pa.table(columns)
+
+
+def _count_column(name: str, column: pa.ChunkedArray) -> pa.Array:
+    """A count column as one array: ids as ``large_string`` (100 M ids of 32 hex digits
+    pass the 2 GiB a ``string`` array can hold), datasets dictionary-encoded (4 bytes a row)."""
+    if name in ("sample_id", "parent_id"):
+        column = column.cast(pa.large_string())
+    elif name == "dataset":
+        column = pc.dictionary_encode(column)
+    return column.combine_chunks()
 
 
 def read_rows(spark, tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage):
@@ -231,6 +263,7 @@ def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = 
     else:
         unit_copies = np.asarray(copies, np.int64)[units.first]
     item_unit = np.repeat(np.arange(units.count), unit_copies)  # an item: one copy of a unit
+    del unit_copies  # the driver's peak is in here: every per-item array is dropped once used
     lengths = unit_lengths[item_unit]
     packing = first_fit_decreasing(
         lengths,
@@ -239,24 +272,38 @@ def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = 
         second_budget=settings.second_budget,
         groups=item_unit,
     )
-    item, row, side = units.rows(item_unit)  # the items' rows, a pair's chosen row first
-    del item_unit, unit_copies  # the driver's peak is here: hold per-item arrays only once
-    order = cost_stratified_order(counts, row, packing.bin_of[item], packing.num_bins, settings)
+    del unit_lengths, unit_second
+    if units.paired:  # the items' rows, a pair's chosen row first
+        item, row, side = units.rows(item_unit)
+    else:  # a row per item: per-item arrays are per-row already
+        item, row, side = None, units.first[item_unit], 0
+    del item_unit
+
+    def of_items(per_item: np.ndarray) -> np.ndarray:
+        """A per-item array, per row of the placement."""
+        return per_item if item is None else per_item[item]
+
+    order = cost_stratified_order(counts, row, of_items(packing.bin_of), packing.num_bins, settings)
     lay = shards.layout(packing.bin_of, lengths, order)
+    del lengths, order, packing
     per_bin = np.diff(lay.bin_starts)
-    written = np.empty(len(lengths), np.int64)
+    written = np.empty(len(lay.rows), np.int64)  # the bin each item is written in
     written[lay.rows] = np.repeat(np.arange(lay.num_bins), per_bin)
-    position = np.empty(len(lengths), np.int64)
+    written = of_items(written)
+    shard = (written // settings.bins_per_shard).astype(np.int32)
+    bin_row = (written % settings.bins_per_shard).astype(np.int32)
+    del written
+    position = np.empty(len(lay.rows), np.int64)
     position[lay.rows] = np.arange(len(lay.rows)) - np.repeat(lay.bin_starts[:-1], per_bin)
+    position = (of_items(position) * units.width + side).astype(np.int32)
     shard_bins = [min(settings.bins_per_shard, lay.num_bins - first)
                   for first in range(0, lay.num_bins, settings.bins_per_shard)]  # fmt: skip
-    return Placement(
-        counts.column("sample_id").take(pa.array(row, pa.int64())).combine_chunks(),
-        written[item] // settings.bins_per_shard,
-        written[item] % settings.bins_per_shard,
-        position[item] * units.width + side,
-        shard_bins,
-    )
+    return Placement(_one_array(counts.column("sample_id")), row, shard, bin_row, position, shard_bins)
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its chunk when it has one (``combine_chunks`` would copy it)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def cost_stratified_order(
@@ -265,9 +312,14 @@ def cost_stratified_order(
     """The order to write the bins in: row groups stratified by cost (costs.write_order), from
     the placed items (``row``: each one's row of ``counts``) and the bin of each."""
     tokens = counts.column("num_tokens").to_numpy()[row]
-    squares = costs.media_squares(counts.column("media").combine_chunks(), settings.profile)[row]
-    figures = costs.bin_figures(bin_of, num_bins, tokens, vision_tokens(counts)[row], squares)
+    squares = _of_items(costs.media_squares(_one_array(counts.column("media")), settings.profile), row)
+    figures = costs.bin_figures(bin_of, num_bins, tokens, _of_items(vision_tokens(counts), row), squares)
     return costs.write_order(figures, settings.cost_model, settings.bins_per_row_group, settings.seed)
+
+
+def _of_items(per_row: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """``per_row[row]``; a view of zeros when every value is zero (text: no copy per item)."""
+    return per_row[row] if per_row.any() else np.broadcast_to(per_row.dtype.type(0), len(row))
 
 
 def vision_tokens(rows: pa.Table) -> np.ndarray:
@@ -428,8 +480,9 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     counts = read_counts(tokenized_uri, snap, storage)
     release_memory()  # the driver's peak is what it holds, not what it held before
     over = check_oversize(counts, settings)
+    conversations = mix.Conversations.of(counts)  # for the mix and its summary
     try:
-        chosen = mix.choose(counts, settings.mix, excluded=over)
+        chosen = mix.choose(counts, settings.mix, excluded=over, conversations=conversations)
     except mix.MixError as err:
         raise PackError(str(err)) from err
     release_memory()  # 10 M rows: −1.3 GB resident after mix
@@ -448,10 +501,9 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         eval_placement = place(counts, settings, chosen.eval.astype(np.int64))
         eval_results = write_placement(spark, rows, eval_placement, settings, eval_root, shard_dir, storage)
         reconcile(eval_placement, eval_results)
+        del eval_placement
         eval_manifest = build_manifest(config, settings, run_id, source, eval_results, skipped=0)
-        eval_manifest.update(
-            split="eval", datasets=sorted(set(counts.column("dataset").to_pylist())), preference=preference
-        )
+        eval_manifest.update(split="eval", datasets=sorted(mix.dataset_names(counts)), preference=preference)
         eval_manifest["cost_index"] = write_cost_index(
             eval_root, shard_dir, eval_manifest, eval_results, storage
         )
@@ -461,11 +513,14 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
             **{k: eval_manifest["totals"][k] for k in ("bins", "samples", "tokens")},
         }
     placement = place(counts, settings, chosen.copies) if counts.num_rows else None
+    release_memory()
     results = write_placement(spark, rows, placement, settings, packed_root, shard_dir, storage)
     tasks_done = time.time()
     skipped = skipped_rows(counts, over, settings)
     reconcile(placement, results)
-    mixture = mix.summary(counts, chosen, over)
+    del placement
+    release_memory()
+    mixture = mix.summary(counts, chosen, over, conversations)
     check_rows(counts.num_rows, mixture)
     manifest = build_manifest(config, settings, run_id, source, results, len(skipped))
     manifest.update(
@@ -492,13 +547,17 @@ def write_placement(
     storage,
 ) -> list[dict]:
     """Spark: the tokenized ``rows`` joined to their places (a row once per copy), written as
-    whole shards; each shard's result row (``SHARD_RESULT``), by shard."""
+    whole shards; each shard's result row (``SHARD_RESULT``), by shard. The placement reaches
+    the tasks as Parquet files beside the shards (removed once they are written), so neither
+    the driver's Python nor its JVM holds it whole."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     if placement is None:
         return []
-    placed = spark.createDataFrame(placement.table(), schema=from_arrow_schema(PLACEMENT))  # Arrow, no pandas
+    folder = fs.join(packed_root, shard_dir, PLACEMENT_DIR)
+    parts = write_placement_parts(placement, folder, storage)
+    placed = tables.read_parquet(spark, parts, PLACEMENT, storage)
     task = partial(
         write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, storage=storage
     )
@@ -508,7 +567,18 @@ def write_placement(
     by_shard = by_shard.sortWithinPartitions("shard", "bin_row", "position")  # a task holds one row group
     written = by_shard.mapInArrow(releasing(task), from_arrow_schema(SHARD_RESULT))
     results = [r.asDict(recursive=True) for r in written.collect()]
+    storage.delete_dir(folder)
     return sorted(results, key=lambda r: r["shard"])
+
+
+def write_placement_parts(placement: Placement, folder: str, storage: fs.Storage) -> list[str]:
+    """Write the placement as Parquet files under ``folder``, a part at a time; their uris."""
+    uris = []
+    for number, part in enumerate(placement.parts()):
+        uris.append(fs.join(folder, f"part-{number:05d}.parquet"))
+        with storage.atomic_output(uris[-1]) as stream:
+            pq.write_table(part, stream)
+    return uris
 
 
 def skipped_rows(counts: pa.Table, over: np.ndarray, settings: PackSettings) -> list[dict[str, Any]]:

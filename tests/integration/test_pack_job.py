@@ -83,6 +83,8 @@ def test_manifest_describes_every_shard(packed):
     assert totals["bins"] == sum(s["rows"] for s in m["shards"]) == summary["bins"]
     assert totals["tokens"] == sum(s["tokens"] for s in m["shards"]) == summary["tokens"]
     assert totals["lower_bound_bins"] <= totals["bins"]
+    named = {out / "packed" / s["path"] for s in [*m["shards"], m["cost_index"]]}
+    assert set((out / "packed").rglob("*.parquet")) == named  # the placement's parts are gone
 
 
 def test_report_json_and_plots(packed):
@@ -205,6 +207,11 @@ def test_pack_to_s3_matches_the_local_run(spark, demo, tokenized_demo, packed, s
     pack.run(spark, demo_run(demo, out, *overrides))
     m = json.loads(client.get_object(Bucket=bucket, Key="out/packed/manifest.json")["Body"].read())
     assert [s["sha256"] for s in m["shards"]] == shard_hashes(packed[0])
+    objects = client.list_objects_v2(Bucket=bucket, Prefix="out/packed/")["Contents"]
+    files = {o["Key"] for o in objects if not o["Key"].endswith("/")}  # not pyarrow's empty folder markers
+    named = {f"out/packed/{s['path']}" for s in m["shards"]} | {f"out/packed/{m['cost_index']['path']}"}
+    assert files == named | {"out/packed/manifest.json"}  # the placement's parts are gone
+    assert all(o["Size"] == 0 for o in objects if o["Key"].endswith("/"))
 
 
 def test_the_cost_index_has_one_row_per_bin_with_the_shards_figures(packed):

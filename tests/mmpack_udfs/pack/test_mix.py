@@ -114,3 +114,27 @@ def test_copies_of_one_item_go_to_different_bins():
     assert len(pairs) == len(items)  # no item has two copies in one bin
     assert np.bincount(packing.bin_of, weights=lengths[items]).max() <= 1000
     assert packing.num_bins <= -(-lengths[items].sum() // 1000) + 2  # fill stays near the bound
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 1 << 20])
+def test_conversations_are_numbered_in_id_order_whatever_the_chunks(chunk_rows):
+    """Conversations.of (a sort, compared a chunk at a time) numbers each row's conversation
+    as its rank among the distinct ids, in code point order, chunks of ids given in any order."""
+    rng = np.random.default_rng(7)
+    ids = np.array([*conversation_ids(0, 40), "a", "a-1", "b", "é", "A"], dtype=object)
+    parents = ids[rng.integers(0, len(ids), 300)].tolist()
+    table = pa.table({"parent_id": pa.chunked_array([parents[:100], parents[100:]], pa.large_string())})
+    conversations = mix.Conversations.of(table, chunk_rows=chunk_rows)
+    distinct = sorted(set(parents), key=lambda s: s.encode())
+    assert conversations.code.tolist() == [distinct.index(p) for p in parents]
+    assert conversations.ids(table, np.arange(len(distinct))).to_pylist() == distinct
+
+
+def test_the_summary_counts_conversations_with_given_or_own_numbering():
+    table = rows({"a": conversation_ids(0, 30), "b": conversation_ids(100, 20)}, parts=3)
+    chosen = mix.choose(table, settings(mix.DatasetMix("a", 0.5)))
+    conversations = mix.Conversations.of(table)
+    summary = mix.summary(table, chosen, np.array([], np.int64), conversations)
+    assert summary == mix.summary(table, chosen, np.array([], np.int64))
+    assert (summary["a"]["samples"], summary["a"]["train_samples"], summary["b"]["samples"]) == (30, 15, 20)
+    assert summary["a"]["train_rows"] == 45

@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
 from mmpack_udfs.io import fs
+from mmpack_udfs.io import tables as delta
 from mmpack_udfs.pack import costs
 from mmpack_udfs.pack import stage as pack
 from tests.mmpack_udfs.pack.test_shards import tokenized_rows
@@ -98,3 +101,41 @@ def test_rows_by_row_group_holds_one_row_group_at_a_time_across_batch_boundaries
     runs = [(shard, rows["bin_row"].to_pylist()) for shard, rows in pack.rows_by_row_group(iter(batches), 2)]
     assert runs == [(0, [0, 1]), (0, [2]), (1, [0, 0, 1]), (1, [4]), (3, [0]), (9, [7])]
     assert list(pack.rows_by_row_group(iter([]), 2)) == []
+
+
+def test_the_placement_reaches_the_tasks_whole_in_parts(tmp_path):
+    """The Parquet parts the shard tasks read hold every item once, with its place and id."""
+    rows = sorted_rows(50)
+    placement = pack.place(rows, SETTINGS, copies=np.resize([1, 2, 0], rows.num_rows))
+    parts = pack.write_placement_parts(placement, str(tmp_path / "placement"), fs.LOCAL)
+    assert len(parts) == 1
+    ids = rows.column("sample_id").to_pylist()
+    places = (placement.shard.tolist(), placement.bin_row.tolist(), placement.position.tolist())
+    expected = sorted(zip([ids[r] for r in placement.row], *places, strict=True))
+    small = list(placement.parts(items_per_part=7))
+    assert [t.num_rows for t in small[:-1]] == [7] * (len(small) - 1)
+    for pieces in ([pq.read_table(p) for p in parts], small):
+        whole = pa.concat_tables(pieces)
+        assert whole.schema == pack.PLACEMENT
+        assert sorted(zip(*whole.to_pydict().values(), strict=True)) == expected
+    assert len(expected) == sum(np.resize([1, 2, 0], rows.num_rows))
+
+
+def test_counts_hold_ids_past_two_gib_and_datasets_as_codes(tmp_path):
+    """read_counts gives ids 64-bit offsets (100 M ids of 32 hex digits pass the 2 GiB of a
+    string array: bench_pack_plan) and datasets as dictionary codes, sorted by sample_id."""
+    rows = tokenized_rows(40, seed=6)
+    rows = rows.append_column("parent_id", rows["sample_id"]).append_column("text_tokens", rows["num_tokens"])
+    datasets = pa.array(["a", "b", "c", "b"] * 10)
+    rows = rows.set_column(rows.schema.get_field_index("dataset"), "dataset", datasets)
+    rows = rows.select(schemas.TOKENIZED.names).cast(schemas.TOKENIZED)
+    uri = schemas.table_uri(str(tmp_path), "tokenized")
+    written = [delta.write_part(uri, f"part-{k}.parquet", [rows.slice(k * 20, 20).to_batches()[0]],
+                                schemas.TOKENIZED, fs.LOCAL) for k in range(2)]  # fmt: skip
+    delta.commit(uri, schemas.TOKENIZED, written, run_id="t", mode="overwrite", rows=40, storage=fs.LOCAL)
+    counts = pack.read_counts(uri, delta.snapshot(uri, fs.LOCAL), fs.LOCAL)
+    assert counts.schema.field("sample_id").type == pa.large_string()
+    assert pa.types.is_dictionary(counts.schema.field("dataset").type)
+    assert counts.column("sample_id").to_pylist() == sorted(rows.column("sample_id").to_pylist())
+    by_id = dict(zip(rows.column("sample_id").to_pylist(), rows.column("dataset").to_pylist(), strict=True))
+    assert counts.column("dataset").to_pylist() == [by_id[i] for i in counts.column("sample_id").to_pylist()]

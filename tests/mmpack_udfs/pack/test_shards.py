@@ -143,3 +143,18 @@ def test_write_shard_reports_the_bytes_it_wrote(tmp_path):
     assert written.rows == lay.num_bins and written.samples == 30 and written.tokens == lengths.sum()
     assert pq.ParquetFile(path).metadata.num_row_groups == written.row_groups == -(-lay.num_bins // 2)
     assert not list(path.parent.glob(".*"))  # the temporary file was renamed
+
+
+@pytest.mark.parametrize("unpacked", [0, 5])
+def test_layout_orders_each_bin_longest_first_then_by_row(unpacked):
+    """Bins in the given order, each longest first and equal lengths by row; unpacked rows (-1)
+    nowhere (the pack stage packs every row: that path sorts without copies)."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 6, 80)
+    bin_of = rng.integers(0, 9, 80)
+    bin_of[rng.choice(80, unpacked, replace=False)] = -1
+    order = rng.permutation(9)
+    lay = shards.layout(bin_of, lengths, order)
+    expected = [r for b in order for r in sorted(np.flatnonzero(bin_of == b), key=lambda r: (-lengths[r], r))]
+    assert lay.rows.tolist() == expected
+    assert np.diff(lay.bin_starts).tolist() == [int((bin_of == b).sum()) for b in order]
