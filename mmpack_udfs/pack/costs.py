@@ -98,11 +98,13 @@ def bin_figures(
 ) -> dict[str, np.ndarray]:
     """The cost figures of bins not built yet, from their samples' (``bin_of[i]``: sample
     ``i``'s bin, -1 if not packed): tokens, Σ l², vision patches and Σ patches²."""
-    packed = None if (bin_of >= 0).all() else bin_of >= 0  # the pack stage packs every sample
-    bins = bin_of if packed is None else bin_of[packed]
+    packed = bin_of >= 0
+    if packed.all():  # the pack stage packs every sample: views, not copies
+        packed = slice(None)
+    bins = bin_of[packed]
 
     def per_bin(values: np.ndarray, power: int = 1, scale: int = 1) -> np.ndarray:
-        weights = (values if packed is None else values[packed]).astype(np.float64)
+        weights = values[packed].astype(np.float64)
         weights **= power
         weights *= scale
         return np.bincount(bins, weights=weights, minlength=num_bins)

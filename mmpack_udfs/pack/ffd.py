@@ -70,7 +70,7 @@ def first_fit_decreasing(
     if (second is None) != (second_budget is None):
         raise ValueError("give both second and second_budget, or neither")
     use_second = second is not None
-    second = np.ascontiguousarray(second, dtype=np.int64) if use_second else np.zeros(n, np.int64)[:0]
+    second = np.ascontiguousarray(second, dtype=np.int64) if use_second else np.zeros(0, np.int64)
     second_budget = int(second_budget) if second_budget is not None else 0
     if (
         (use_second and len(second) != n)

@@ -52,15 +52,11 @@ def layout(bin_of: np.ndarray, lengths: np.ndarray, bin_order: np.ndarray) -> Bi
     within a bin, samples in the order the packer placed them (longest first, then row)."""
     position = np.empty(len(bin_order), np.int64)
     position[bin_order] = np.arange(len(bin_order))
-    if (bin_of >= 0).all():  # the pack stage packs every row: sort them without copies
-        new_bin = position[bin_of]
-        rows = np.lexsort((-lengths, new_bin))  # stable: equal lengths stay in row order
-    else:
-        packed = np.flatnonzero(bin_of >= 0)
-        new_bin = position[bin_of[packed]]
-        rows = packed[np.lexsort((packed, -lengths[packed], new_bin))]
-    counts = np.bincount(new_bin, minlength=len(bin_order))
-    return BinLayout(rows=rows, bin_starts=np.concatenate([[0], np.cumsum(counts)]))
+    unpacked = len(bin_order)  # an unpacked row's (-1) new bin: after every bin, then dropped
+    new_bin = np.append(position, unpacked)[bin_of]
+    rows = np.lexsort((-lengths, new_bin))  # stable: equal lengths stay in row order
+    counts = np.bincount(new_bin, minlength=unpacked + 1)[:unpacked]
+    return BinLayout(rows=rows[: counts.sum()], bin_starts=np.concatenate([[0], np.cumsum(counts)]))
 
 
 def build_bins(

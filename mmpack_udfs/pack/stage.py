@@ -279,23 +279,23 @@ def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = 
         item, row, side = None, units.first[item_unit], 0
     del item_unit
 
-    def of_items(per_item: np.ndarray) -> np.ndarray:
+    def to_rows(per_item: np.ndarray) -> np.ndarray:
         """A per-item array, per row of the placement."""
         return per_item if item is None else per_item[item]
 
-    order = cost_stratified_order(counts, row, of_items(packing.bin_of), packing.num_bins, settings)
+    order = cost_stratified_order(counts, row, to_rows(packing.bin_of), packing.num_bins, settings)
     lay = shards.layout(packing.bin_of, lengths, order)
     del lengths, order, packing
     per_bin = np.diff(lay.bin_starts)
     written = np.empty(len(lay.rows), np.int64)  # the bin each item is written in
     written[lay.rows] = np.repeat(np.arange(lay.num_bins), per_bin)
-    written = of_items(written)
+    written = to_rows(written)
     shard = (written // settings.bins_per_shard).astype(np.int32)
     bin_row = (written % settings.bins_per_shard).astype(np.int32)
     del written
     position = np.empty(len(lay.rows), np.int64)
     position[lay.rows] = np.arange(len(lay.rows)) - np.repeat(lay.bin_starts[:-1], per_bin)
-    position = (of_items(position) * units.width + side).astype(np.int32)
+    position = (to_rows(position) * units.width + side).astype(np.int32)
     shard_bins = [min(settings.bins_per_shard, lay.num_bins - first)
                   for first in range(0, lay.num_bins, settings.bins_per_shard)]  # fmt: skip
     return Placement(_one_array(counts.column("sample_id")), row, shard, bin_row, position, shard_bins)
@@ -312,12 +312,12 @@ def cost_stratified_order(
     """The order to write the bins in: row groups stratified by cost (costs.write_order), from
     the placed items (``row``: each one's row of ``counts``) and the bin of each."""
     tokens = counts.column("num_tokens").to_numpy()[row]
-    squares = _of_items(costs.media_squares(_one_array(counts.column("media")), settings.profile), row)
-    figures = costs.bin_figures(bin_of, num_bins, tokens, _of_items(vision_tokens(counts), row), squares)
+    squares = _per_item(costs.media_squares(_one_array(counts.column("media")), settings.profile), row)
+    figures = costs.bin_figures(bin_of, num_bins, tokens, _per_item(vision_tokens(counts), row), squares)
     return costs.write_order(figures, settings.cost_model, settings.bins_per_row_group, settings.seed)
 
 
-def _of_items(per_row: np.ndarray, row: np.ndarray) -> np.ndarray:
+def _per_item(per_row: np.ndarray, row: np.ndarray) -> np.ndarray:
     """``per_row[row]``; a view of zeros when every value is zero (text: no copy per item)."""
     return per_row[row] if per_row.any() else np.broadcast_to(per_row.dtype.type(0), len(row))
 
