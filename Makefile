@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance clean
+.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train clean
 
 setup: java $(STAMP)
 
@@ -67,6 +67,11 @@ test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/pytest -q
 	$(MAKE) test-airflow
 
+# The inner loop: the unit tests (no Spark, no torchrun, no benchmark runs), a few minutes.
+test-fast: setup $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -m "not spark and not slow" -p no:cacheprovider
+
 # The DAG tests: Airflow lives in its own virtualenv (its Spark provider's pyspark-client
 # clashes with full pyspark); spark-submit and the jobs' Python come from $(VENV).
 airflow-setup: $(AIRFLOW_STAMP)
@@ -118,6 +123,10 @@ bench-scale: setup
 
 bench-balance: setup
 	$(BIN)/python bench/bench_balance.py
+
+# needs a CUDA GPU (a CPU runs only --smoke): packed (mmpack_varlen, SDPA) vs padded training tokens/s
+bench-gpu-train: setup
+	$(BIN)/python bench/bench_gpu_train.py
 
 bench-loader: setup
 	$(BIN)/python bench/bench_loader.py

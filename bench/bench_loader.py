@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import OUT, machine, moto_server, parse_with_smoke
+from common import OUT, ensure_image_demo, machine, moto_server, parse_with_smoke
 
 from loader import PackedDataset
 
@@ -59,15 +59,6 @@ def upload(endpoint: str, bucket: str, packed: Path, manifest: Path) -> None:
     client.upload_file(str(manifest), bucket, "packed/manifest.json")
     for shard in json.loads(manifest.read_text())["shards"]:
         client.upload_file(str(packed / shard["path"]), bucket, f"packed/{shard['path']}")
-
-
-def ensure_image_demo(samples: int) -> Path:
-    out = OUT / "loader-demo"
-    if not (out / "packed" / "manifest.json").exists():
-        command = [sys.executable, "-m", "mmpack_udfs.cli", "demo", "--out", str(out), "--master", "local[2]",
-                   "--samples", str(samples)]  # fmt: skip
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return out / "packed"
 
 
 def ensure_text_shards(rows: int) -> Path:

@@ -45,6 +45,19 @@ def bench_spark(master: str, driver_memory: str = "4g"):
     return get_spark(SparkConfig(master=master, log_level="ERROR", conf=conf))
 
 
+def ensure_image_demo(samples: int, budget: int | None = None, name: str = "loader-demo") -> Path:
+    """OUT/``name``/packed: `mmpack demo` of ``samples`` samples (real images and videos, packed
+    for Qwen2-VL; ``budget``: its pack.budget), made when it is not there."""
+    out = OUT / name
+    if not (out / "packed" / "manifest.json").exists():
+        command = [sys.executable, "-m", "mmpack_udfs.cli", "demo", "--out", str(out), "--master", "local[2]",
+                   "--samples", str(samples)]  # fmt: skip
+        if budget is not None:
+            command += ["--set", f"pack.budget={budget}"]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return out / "packed"
+
+
 def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 

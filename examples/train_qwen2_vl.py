@@ -16,14 +16,17 @@ before the first step. What it shows:
   waits in a collective at the end of an epoch;
 - ``model(**batch)``: the collated batch is the model's keyword arguments as they are
   (``position_ids`` [4, 1, T], no attention mask, ``use_cache=False``, flash-attn's
-  ``cu_seq_lens_*``); logits are computed only where a label is supervised;
+  ``cu_seq_lens_*``); logits are computed only where a label is supervised; ``--attn auto``
+  (the default) runs flash-attn if installed, else torch's own FlashAttention-2 varlen kernel
+  (``mmpack_varlen``) on CUDA, else SDPA: nothing to build for full speed;
 - gradient accumulation over ``--grad-accum`` micro-batches, the loss normalised by the
   number of supervised tokens of the whole step across all ranks (not per micro-batch);
 - checkpoints (model, optimizer, every rank's loader position) and an exact resume with
   torchdata's ``StatefulDataLoader``;
 - ``--fsdp``: FSDP2 (``fully_shard``). Every rank must then run the vision tower as often
   as the others (its parameters are all-gathered in step), so a micro-batch without images or
-  videos gets a masked idle image and video (``loader.training.with_idle_media``).
+  videos gets a masked idle image and video (``loader.training.with_idle_media``), for every
+  family.
 
 ``--trace FILE`` appends one JSON line per micro-batch and rank (what was trained), which
 is how the tests check exactly-once training.
@@ -48,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import PackedBatch, PackedDataset, collate_packed, require_sample_isolation
+from loader.attention import choose_attention
 from loader.training import (
     dataset_losses,
     has_media,
@@ -75,15 +79,19 @@ def tiny_qwen2_vl(seed: int = 0, attn_implementation: str = "sdpa"):
 
 
 def load_model(name: str, seed: int, attn_implementation: str, device: torch.device) -> torch.nn.Module:
+    """The model to train: ``attn_implementation`` "auto" picks flash-attn, else ``mmpack_varlen``
+    (torch's FlashAttention-2 varlen kernel) on CUDA, else SDPA (``choose_attention``)."""
     if name == "tiny" or name.startswith("tiny-"):
         model_type = "qwen2_vl" if name == "tiny" else name.removeprefix("tiny-")
-        model = tiny_models().tiny_model(model_type, seed, attn_implementation)
+        attention = choose_attention(attn_implementation, model_type, torch.float32)
+        model = tiny_models().tiny_model(model_type, seed, attention)
     else:
-        from transformers import AutoModelForImageTextToText
+        from transformers import AutoConfig, AutoModelForImageTextToText
 
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model_type = AutoConfig.from_pretrained(name).model_type
         model = AutoModelForImageTextToText.from_pretrained(
-            name, attn_implementation=attn_implementation, dtype=dtype
+            name, attn_implementation=choose_attention(attn_implementation, model_type, dtype), dtype=dtype
         )
     require_sample_isolation(model)
     return model.to(device)
@@ -201,7 +209,12 @@ def training_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, help="dataloader workers per rank")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--attn", default="sdpa", help="sdpa, eager or flash_attention_2")
+    parser.add_argument(
+        "--attn",
+        default="auto",
+        help="auto (flash-attn if installed, else mmpack_varlen on CUDA, else sdpa), "
+        "mmpack_varlen, flash_attention_2, sdpa or eager",
+    )
     parser.add_argument("--drop-remainder", action="store_true", help="no filler bins; drop the epoch's tail")
     parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N optimizer steps")
     parser.add_argument("--stop-after", type=int, default=0, help="save and exit after N optimizer steps")

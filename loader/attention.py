@@ -1,14 +1,43 @@
 """Attention over packed sequences: each sample attends only to itself.
 
-``varlen_attention`` calls flash-attn's varlen kernel when flash-attn and CUDA are there;
-otherwise PyTorch's scaled_dot_product_attention with a block-diagonal mask (CPU too).
-Tensors use flash-attn's layout: q [T, heads, dim], k/v [T, kv_heads, dim].
+- ``varlen_attention`` (hand-written models) calls flash-attn's varlen kernel when flash-attn
+  and CUDA are there; otherwise SDPA with a block-diagonal mask (CPU too). Tensors use
+  flash-attn's layout: q [T, heads, dim], k/v [T, kv_heads, dim].
+- ``register_varlen`` / ``choose_attention``: ``mmpack_varlen``, transformers' attention on
+  PyTorch's own FlashAttention-2 varlen kernel (no flash-attn build), refusing what it cannot
+  compute exactly (``PackingUnsupported``).
+- ``media_block_masks`` / ``with_model_masks``: Gemma 3's per-layer-type masks of a packed row,
+  in the form of the attention in use (bool for SDPA, additive in the model's dtype for eager).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+
+from loader.hybrid import PackingUnsupported
+
+
+def sequence_mask(cu_seqlens: torch.Tensor, window: tuple[int, int] = (-1, 0)) -> torch.Tensor:
+    """[T, T] bool: True where query i may attend key j. Both in the same sequence of
+    ``cu_seqlens``, and ``i - left <= j <= i + right`` for ``window = (left, right)``, -1 meaning
+    unbounded: (-1, 0) causal, (-1, -1) bidirectional, (W - 1, 0) a causal sliding window of W keys
+    (flash-attn's convention). Every row keeps its diagonal, so no row is empty."""
+    total = int(cu_seqlens[-1])
+    lengths = torch.diff(cu_seqlens.long())
+    device = cu_seqlens.device
+    sample = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    allowed = sample[:, None] == sample[None, :]
+    offset = torch.arange(total, device=device)[None, :] - torch.arange(total, device=device)[:, None]
+    left, right = window
+    if left >= 0:
+        allowed &= offset >= -left
+    if right >= 0:
+        allowed &= offset <= right
+    return allowed
 
 
 def block_diagonal_mask(
@@ -17,27 +46,20 @@ def block_diagonal_mask(
     """[T, T] additive mask: 0 where query i may attend key j (same sample, and j <= i if
     causal), -inf elsewhere. Additive, so it blocks whether it is added to the scores
     (eager attention) or passed to SDPA; every row keeps its diagonal, so no row is empty."""
-    total = int(cu_seqlens[-1])
-    lengths = torch.diff(cu_seqlens.long())
-    sample = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths)
-    allowed = sample[:, None] == sample[None, :]
-    if causal:
-        allowed &= torch.ones(total, total, dtype=torch.bool, device=cu_seqlens.device).tril()
-    mask = torch.zeros(total, total, dtype=dtype, device=cu_seqlens.device)
+    allowed = sequence_mask(cu_seqlens, (-1, 0) if causal else (-1, -1))
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=cu_seqlens.device)
     return mask.masked_fill_(~allowed, float("-inf"))
 
 
 def media_block_masks(
-    cu_seqlens: torch.Tensor,
-    media_tokens: torch.Tensor,
-    sliding_window: int,
-    dtype: torch.dtype = torch.float32,
+    cu_seqlens: torch.Tensor, media_tokens: torch.Tensor, sliding_window: int
 ) -> dict[str, torch.Tensor]:
-    """Gemma 3's attention masks of a packed row, by layer type: [1, 1, T, T] additive (0 or the
-    dtype's minimum; eager adds them, SDPA takes them). A query sees a key of its own sample that
-    is not after it, or any key of its own image (a run of ``media_tokens``: bidirectional);
-    ``sliding_attention`` also needs the key within ``sliding_window`` tokens before the query
-    (transformers' ``sliding_window_overlay``: key > query - window).
+    """Gemma 3's attention masks of a packed row, by layer type: [1, 1, T, T] bool, True where a
+    query may attend a key (what transformers builds for SDPA; ``model_masks`` gives other
+    attentions theirs). A query sees a key of its own sample that is not after it, or any key
+    of its own image (a run of ``media_tokens``: bidirectional); ``sliding_attention`` also
+    needs the key within ``sliding_window`` tokens before the query (transformers'
+    ``sliding_window_overlay``: key > query - window).
 
     transformers 5.24 builds the full-attention mask of a packed row right, but remaps its
     sliding layers' image blocks by position ids, so every sample after the first gets the
@@ -52,16 +74,49 @@ def media_block_masks(
     allowed = (sample[:, None] == sample[None, :]) & (
         (index[None, :] <= index[:, None]) | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
     )
-    full = _additive(allowed, dtype)
+    full = allowed[None, None]
     if int(lengths.max()) <= sliding_window:  # no sample reaches past its window: the same mask
         return {"full_attention": full, "sliding_attention": full}
     near = index[None, :] > index[:, None] - sliding_window
-    return {"full_attention": full, "sliding_attention": _additive(allowed & near, dtype)}
+    return {"full_attention": full, "sliding_attention": (allowed & near)[None, None]}
+
+
+def model_masks(
+    masks: dict[str, torch.Tensor], attn_implementation: str, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """``media_block_masks`` in the form ``attn_implementation`` takes, as transformers builds
+    them: bool for SDPA, additive in the model's ``dtype`` (0 or its minimum) for eager. (A
+    float32 additive mask handed to SDPA with a bf16 model gave NaN on CUDA.) An attention that
+    takes no mask (flash-attn, ``mmpack_varlen``) or another form cannot keep the image blocks
+    bidirectional: refused."""
+    if attn_implementation == "sdpa":
+        return {kind: mask.to(torch.bool) for kind, mask in masks.items()}
+    if attn_implementation == "eager":
+        return {kind: _additive(mask, dtype) for kind, mask in masks.items()}
+    raise PackingUnsupported(
+        f"packed batches whose image tokens attend within their image (Gemma 3) need attention masks: "
+        f"attn_implementation={attn_implementation!r} cannot take mmpack's; use 'sdpa' or 'eager'"
+    )
+
+
+def with_model_masks(batch: Any, model: torch.nn.Module) -> Any:
+    """``batch`` with its attention masks (Gemma 3: ``attention_mask`` by layer type) in the form
+    ``model``'s text attention takes (``model_masks``); a batch without masks as it is."""
+    masks = batch.get("attention_mask") if isinstance(batch, dict) else None
+    if not isinstance(masks, dict):
+        return batch
+    model = getattr(model, "module", model)  # DDP
+    config = getattr(model.config, "text_config", None) or model.config
+    converted = model_masks(masks, config._attn_implementation, model.dtype)
+    out = type(batch)({**batch, "attention_mask": converted})
+    if hasattr(batch, "meta"):
+        out.meta = dict(batch.meta)
+    return out
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed.to(torch.bool), torch.finfo(dtype).min)
 
 
 def _flash_varlen():
@@ -98,3 +153,215 @@ def varlen_attention(
         scale=softmax_scale,
     )
     return out[0].transpose(0, 1)
+
+
+# --- transformers' attention on torch's own FlashAttention-2 varlen kernel ------------------------
+
+VARLEN = "mmpack_varlen"  # the attn_implementation name ``register_varlen`` registers
+Kernel = Callable[..., torch.Tensor]  # torch.nn.attention.varlen.varlen_attn's signature
+# the kernel mmpack_varlen calls, and whether it is torch's (CUDA, half precision only)
+_KERNEL: dict[str, Any] = {"kernel": None, "torch": True}
+
+
+def reference_varlen_attn(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``torch.nn.attention.varlen.varlen_attn`` (the arguments ``mmpack_varlen`` passes) computed
+    with SDPA and a [T, T] mask, on any device and dtype: the kernel's reference, for tests and
+    CPU smoke runs (``register_varlen(kernel=reference_varlen_attn)``). O(T²) memory."""
+    if not torch.equal(cu_seq_q, cu_seq_k):
+        raise ValueError("reference_varlen_attn: queries and keys must share their sequences")
+    if key.shape[1] != query.shape[1]:
+        if not enable_gqa:
+            raise ValueError(f"{query.shape[1]} query heads and {key.shape[1]} key heads need enable_gqa")
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+    allowed = sequence_mask(cu_seq_q, tuple(window_size))
+    out = F.scaled_dot_product_attention(
+        *(t.transpose(0, 1)[None] for t in (query, key, value)), attn_mask=allowed, scale=scale
+    )
+    return out[0].transpose(0, 1)
+
+
+def torch_varlen_kernel() -> Kernel:
+    """torch's public FlashAttention-2 varlen function (``torch.nn.attention.varlen.varlen_attn``
+    with GQA and windows), or ``PackingUnsupported`` naming the torch this needs."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    params = inspect.signature(varlen_attn).parameters if varlen_attn is not None else {}
+    if not {"enable_gqa", "window_size", "scale"} <= set(params):
+        raise PackingUnsupported(
+            f"mmpack_varlen needs torch.nn.attention.varlen.varlen_attn with GQA and windows "
+            f"(torch 2.13 has it; this is torch {torch.__version__}): upgrade torch, install flash-attn "
+            "(attn_implementation='flash_attention_2'), or use 'sdpa'"
+        )
+    return varlen_attn
+
+
+def register_varlen(kernel: Kernel | None = None) -> str:
+    """Register ``mmpack_varlen`` with transformers (its attention and its mask function: none,
+    as for flash-attn) and return the name, for ``from_pretrained(attn_implementation=...)`` or
+    ``model.set_attn_implementation``. ``kernel`` replaces torch's (same signature:
+    ``reference_varlen_attn`` runs on a CPU); by default torch's is checked here."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    _KERNEL.update(kernel=kernel or torch_varlen_kernel(), torch=kernel is None)
+    AttentionInterface.register(VARLEN, varlen_attention_forward)
+    AttentionMaskInterface.register(VARLEN, flash_attention_mask)
+    return VARLEN
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface ([B, H, T, D] in, [B, T, H, D] out) on the varlen kernel.
+
+    A causal call (the language model) takes the batch's sequences from ``cu_seq_lens_q/k`` and
+    ``max_length_q/k`` (what ``collate_packed`` hands over), else from ``position_ids`` restarting
+    at 0 (InternVL's batches), else each row is one sequence. A bidirectional call (a vision
+    tower, which transformers runs one image at a time for this name) is one sequence per row:
+    the text's boundaries passed on to it do not apply. GQA, causal sliding windows (W keys:
+    window (W - 1, 0)). What the kernel cannot do exactly is refused (``PackingUnsupported``)."""
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    _refuse_inexact(query, key, attention_mask, dropout, softcap, sliding_window, causal)
+    if _KERNEL["torch"]:
+        _refuse_for_torch_kernel(query)
+    kernel = _KERNEL["kernel"] or torch_varlen_kernel()
+    rows, heads, length, _ = query.shape
+    q, k, v = (t.transpose(1, 2).reshape(rows * length, t.shape[1], t.shape[3]) for t in (query, key, value))
+    cu, longest = _sequences(kwargs, rows, length, causal, query.device)
+    window = (sliding_window - 1, 0) if sliding_window else (-1, 0) if causal else (-1, -1)
+    out = kernel(
+        q, k, v, cu, cu, longest, longest,
+        scale=scaling, window_size=window, enable_gqa=k.shape[1] != q.shape[1],
+    )  # fmt: skip
+    return out.reshape(rows, length, heads, out.shape[-1]), None
+
+
+def _refuse_inexact(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    softcap: float | None,
+    sliding_window: int | None,
+    causal: bool,
+) -> None:
+    """``PackingUnsupported`` for what the varlen kernel cannot compute exactly, with the way out."""
+    problem = None
+    if attention_mask is not None:
+        problem = (
+            "the batch carries an attention mask (padding, or Gemma 3's bidirectional image blocks), "
+            "which a varlen kernel cannot apply: use attn_implementation='sdpa' (or 'eager')"
+        )
+    elif dropout:
+        problem = f"attention dropout {dropout} (the kernel has none): set attention_dropout=0 or use 'sdpa'"
+    elif softcap:
+        problem = f"attention logit soft-capping ({softcap}; the kernel has none): use 'eager'"
+    elif sliding_window and not causal:
+        problem = "a sliding window on bidirectional attention: use 'sdpa'"
+    elif key.shape[2] != query.shape[2]:
+        problem = (
+            f"{query.shape[2]} queries over {key.shape[2]} keys (a KV cache: generation); "
+            "mmpack_varlen is for training on packed batches: generate with 'sdpa'"
+        )
+    if problem:
+        raise PackingUnsupported(f"mmpack_varlen cannot run this exactly: {problem}")
+
+
+def _refuse_for_torch_kernel(query: torch.Tensor) -> None:
+    """What torch's FlashAttention-2 kernel refuses: not CUDA, not fp16/bf16, head dims it lacks."""
+    dim = query.shape[-1]
+    problem = None
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        problem = f"the kernel takes float16 or bfloat16, not {query.dtype}: load the model in bfloat16"
+    elif dim > 256 or dim % 8:
+        problem = f"the kernel takes head dimensions that are multiples of 8 up to 256, not {dim}"
+    elif not query.is_cuda:
+        problem = f"torch's FlashAttention-2 kernel runs on CUDA only (the tensors are on {query.device})"
+    if problem:
+        raise PackingUnsupported(f"mmpack_varlen cannot run here: {problem}; use attn_implementation='sdpa'")
+
+
+def _sequences(
+    kwargs: dict[str, Any], rows: int, length: int, causal: bool, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """(cu_seqlens int32 on ``device``, longest sequence) of a call's flattened rows."""
+    whole = torch.arange(rows + 1, dtype=torch.int32, device=device) * length, length
+    if not causal:
+        return whole
+    cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    positions = kwargs.get("position_ids")
+    if cu is not None:
+        if rows != 1 or int(cu[-1]) != length or not torch.equal(cu, kwargs.get("cu_seq_lens_k", cu)):
+            raise PackingUnsupported(
+                f"mmpack_varlen: cu_seq_lens_q ends at {int(cu[-1])} for {rows} row(s) of {length} tokens "
+                "(packed batches are one row: collate_packed)"
+            )
+        cu = cu.to(device=device, dtype=torch.int32)
+        return cu, int(longest) if longest is not None else int(cu.diff().max())
+    if positions is not None and rows == 1 and positions.shape[-1] == length:
+        text = positions.reshape(-1, length)[0]
+        starts = torch.nonzero(text == 0).flatten()
+        if not len(starts) or int(starts[0]) != 0:
+            starts = torch.cat([starts.new_zeros(1), starts])
+        cu = torch.cat([starts, starts.new_full((1,), length)]).to(device=device, dtype=torch.int32)
+        return cu, int(cu.diff().max())
+    return whole
+
+
+def choose_attention(
+    requested: str, model_type: str | None = None, dtype: torch.dtype | None = torch.bfloat16
+) -> str:
+    """The ``attn_implementation`` for ``requested``: ``"auto"`` is flash-attn's
+    ``flash_attention_2`` when the flash-attn package and CUDA are there, else ``mmpack_varlen`` on
+    CUDA (torch's own kernel: nothing to build), else ``sdpa``; a model whose packed batches carry
+    masks (Gemma 3: image blocks attend bidirectionally) or whose ``dtype`` the kernels do not
+    take (float32) gets ``sdpa``. ``mmpack_varlen`` is registered when chosen; other names are
+    returned as they are."""
+    if requested == VARLEN:
+        return register_varlen()
+    if requested != "auto":
+        return requested
+    half = dtype in (torch.float16, torch.bfloat16)
+    if _takes_masks(model_type) or not half or not torch.cuda.is_available():
+        return "sdpa"
+    if _flash_varlen() is not None:
+        return "flash_attention_2"
+    try:
+        return register_varlen()
+    except PackingUnsupported:
+        return "sdpa"
+
+
+def _takes_masks(model_type: str | None) -> bool:
+    """Whether packed batches of ``model_type``'s family carry attention masks."""
+    from mmpack_udfs.families import FAMILIES, MODEL_TYPES
+
+    kind = MODEL_TYPES.get(model_type or "")
+    return kind is not None and FAMILIES[kind].bidirectional_media

@@ -79,7 +79,8 @@ def collate_packed(
     families with linear-attention layers (Qwen3.5) ``seq_idx`` [1, T] int32, each token's
     sample (what the causal-conv kernel needs to restart at sample boundaries); for families whose
     image tokens attend within their image (Gemma 3) ``attention_mask``, its masks by layer type
-    (``attention.media_block_masks``).
+    (``attention.media_block_masks``: bool, SDPA's form; ``loader.training.token_losses`` hands
+    another attention its own form, ``attention.with_model_masks``; ``meta["sliding_window"]``).
     With ``pad_to``, T is exactly that: the padding is one extra sequence, labels -100.
     """
     if not items:
@@ -146,6 +147,8 @@ def collate_packed(
         "bin_tokens": [int(b["cu_seqlens"][-1]) for b in items],
         "bin_sum_sq_lengths": [int((b["cu_seqlens"].diff().to(torch.int64) ** 2).sum()) for b in items],
     }
+    if "media_token_mask" in items[0]:
+        meta["sliding_window"] = items[0]["sliding_window"]
     spans = [b["second_per_grid_ts"] for b in items if "second_per_grid_ts" in b]
     if spans:  # per video, in order (Qwen2.5-VL's time positions are already in position_ids)
         meta["second_per_grid_ts"] = torch.cat(spans)

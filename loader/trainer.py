@@ -16,7 +16,11 @@ changes in ``Trainer``, and why:
 - **Batches** move to the device with ``PackedBatch.to`` (the metadata stays), and a
   micro-batch without images (videos) gets a masked idle image (video) so that every rank
   runs the vision tower as often on every step (FSDP, ZeRO-3; ``loader.training``);
-  ``idle_media=False`` turns that off.
+  ``idle_media=False`` turns that off. Gemma 3's masks reach the model in the form its
+  attention takes (``attention.with_model_masks``).
+- **Attention.** ``attention="auto"`` sets the model's ``attn_implementation``: flash-attn's
+  when installed on CUDA, else ``mmpack_varlen`` (torch's own FlashAttention-2 varlen kernel)
+  on CUDA, else SDPA (``loader.attention.choose_attention``).
 - **The loss** of a micro-batch is its summed cross-entropy (logits only at supervised
   positions) over the supervised tokens of the whole optimizer step, all micro-batches of
   all ranks, times the world size (DDP and FSDP average gradients over ranks): the same
@@ -59,6 +63,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+from loader.attention import choose_attention
 from loader.collate import PackedBatch, collate_packed
 from loader.dataset import PackedDataset
 from loader.hybrid import require_sample_isolation
@@ -179,6 +184,7 @@ class PackedTrainerMixin:
         train_dataset: PackedDataset | None = None,
         dataset_options: dict[str, Any] | None = None,
         idle_media: bool | None = None,
+        attention: str | None = None,
         trace: str | None = None,
         eval_split: bool = False,
         eval_dataset: PackedDataset | None = None,
@@ -213,9 +219,11 @@ class PackedTrainerMixin:
         if eval_dataset is not None:
             self._require_kind(eval_dataset, "evaluation pack")
         require_sample_isolation(model)
+        if attention is not None:  # "auto": flash-attn, else mmpack_varlen on CUDA, else SDPA
+            model.set_attn_implementation(choose_attention(attention, model.config.model_type, model.dtype))
         settings = idle_media_settings(model.config)
         if idle_media and settings is None:
-            raise ValueError(f"idle_media: {type(model).__name__} has no Qwen-VL vision tower")
+            raise ValueError(f"idle_media: mmpack has no idle media for {type(model).__name__}")
         super().__init__(
             model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs
         )

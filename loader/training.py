@@ -19,8 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from loader import attention
 from loader.collate import PackedBatch
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
+from mmpack_udfs.families import FAMILIES, MODEL_TYPES
+from mmpack_udfs.families.base import IdleMedia
 
 MEDIA_INPUTS = ("pixel_values", "pixel_values_videos")
 
@@ -29,7 +32,7 @@ def token_losses(model: torch.nn.Module, batch: PackedBatch) -> tuple[torch.Tens
     """The cross-entropy of every supervised token of the batch, and where each token is. Logits
     only where the next token is supervised (``logits_to_keep``): the vocabulary projection of
     every position would be the largest tensor of the step. Labels are not shifted in the shards."""
-    inputs = dict(batch)
+    inputs = dict(attention.with_model_masks(batch, model))
     labels = inputs.pop("labels")[0]
     keep = torch.nonzero(labels[1:] != IGNORE).flatten()  # position t predicts token t + 1
     logits = model(**inputs, logits_to_keep=keep).logits[0]
@@ -100,75 +103,84 @@ def has_media(batch: PackedBatch) -> bool:
     return any(key in batch for key in MEDIA_INPUTS)
 
 
-def idle_media_settings(config: Any) -> dict[str, int] | None:
-    """What ``with_idle_media`` needs of a model config (the Qwen-VL line's), or None when the
-    model has no vision tower of that kind."""
-    vision = getattr(config, "vision_config", None)
-    tokens = [getattr(config, f"{kind}_token_id", None) for kind in ("image", "video")]
-    if vision is None or None in tokens or not hasattr(vision, "spatial_merge_size"):
+def idle_media_settings(config: Any) -> list[IdleMedia] | None:
+    """What ``with_idle_media`` adds for a model of ``config`` (its family's ``idle_media``:
+    Qwen-VL, InternVL, LLaVA-OneVision, Gemma 3), or None when mmpack packs for no family of that
+    ``model_type`` or the model has no vision tower."""
+    kind = MODEL_TYPES.get(getattr(config, "model_type", None) or "")
+    if kind is None or getattr(config, "vision_config", None) is None:
         return None
-    return {
-        "image_token_id": int(tokens[0]),
-        "video_token_id": int(tokens[1]),
-        "merge": int(vision.spatial_merge_size),
-        "patch": int(vision.patch_size),
-        "temporal": int(vision.temporal_patch_size),
-        "channels": int(getattr(vision, "in_channels", getattr(vision, "in_chans", 3))),
-    }
-
-
-IDLE_KINDS = (  # (kind, pixel key, grid key, token id key)
-    ("image", "pixel_values", "image_grid_thw", "image_token_id"),
-    ("video", "pixel_values_videos", "video_grid_thw", "video_token_id"),
-)
+    return FAMILIES[kind].idle_media(config)
 
 
 def with_idle_media(
-    batch: PackedBatch, settings: dict[str, int], dtype: torch.dtype | None = None
+    batch: PackedBatch, settings: Sequence[IdleMedia], dtype: torch.dtype | None = None
 ) -> PackedBatch:
-    """``batch`` with an idle image when it has no image and an idle video when it has no
-    video, so that every rank's forward runs the vision tower exactly once per kind (Qwen-VL
-    models encode images and videos in two calls). Each idle item is the smallest the model
-    takes: one merged token (``merge²`` black patches, one temporal patch), a sample of its
-    own at the batch's end, its token in ``input_ids``, its label masked, positions
-    restarting at 0 and its own ``cu_seq_lens`` entry (and ``seq_idx``), so it stays apart
-    from the real samples and trains nothing. ``meta`` is unchanged (the token counts are
-    the real samples'), plus ``idle_media``: the kinds added."""
-    missing = [kind for kind in IDLE_KINDS if kind[1] not in batch]
+    """``batch`` with an idle item of every kind it lacks (``settings``: ``idle_media_settings``),
+    so that every rank's forward runs the vision tower exactly as often (Qwen-VL and
+    LLaVA-OneVision encode images and videos in two calls). Each idle item is the smallest its
+    model takes (one merged token for Qwen-VL, a tile for InternVL, two square crops or one frame
+    for LLaVA-OneVision, a square for Gemma 3), black, a sample of its own at the batch's end: its
+    tokens in ``input_ids``, its labels masked, positions restarting at 0, its own
+    ``cu_seq_lens`` entry (and ``seq_idx``; Gemma 3: its own block of the masks), so it stays
+    apart from the real samples and trains nothing. ``meta`` keeps the real samples' counts,
+    plus ``idle_media`` (the kinds added) and the new ``cu_seq_lens``. Add idle media before
+    ``attention.with_model_masks`` (``token_losses`` does that)."""
+    missing = [idle for idle in settings if idle.pixel_key not in batch]
     if not missing:
         return batch
     inputs = dict(batch)
-    for _, pixels, grid, token in missing:
-        _append_idle_sample(inputs, settings[token])
-        like = next((batch[key] for key in MEDIA_INPUTS if key in batch), None)
-        rows = settings["channels"] * settings["temporal"] * settings["patch"] ** 2
-        inputs[pixels] = torch.zeros(
-            settings["merge"] ** 2,
-            rows,
-            dtype=dtype or (like.dtype if like is not None else torch.float32),
-            device=batch["input_ids"].device,
-        )
-        inputs[grid] = torch.tensor(
-            [[1, settings["merge"], settings["merge"]]], dtype=torch.int64, device=batch["input_ids"].device
-        )
-    meta = {**batch.meta, "idle_media": [kind for kind, *_ in missing]}
-    if "cu_seq_lens_q" in inputs:  # the idle samples are sequences too
-        meta.update(cu_seq_lens=inputs["cu_seq_lens_q"].tolist(), max_length=inputs["max_length_q"])
+    device = batch["input_ids"].device
+    like = next((batch[key] for key in MEDIA_INPUTS if key in batch), None)
+    pixel_dtype = dtype or (like.dtype if like is not None else torch.float32)
+    cu = list(batch.meta.get("cu_seq_lens") or sequence_bounds(batch, device).tolist())
+    for idle in missing:
+        _append_idle_sample(inputs, idle.token_id, idle.tokens, batch.meta)
+        cu.append(cu[-1] + idle.tokens)
+        inputs[idle.pixel_key] = torch.zeros(idle.pixel_shape, dtype=pixel_dtype, device=device)
+        for key, value in idle.extra.items():
+            extra = torch.tensor(value, dtype=torch.int64, device=device)
+            inputs[key] = torch.cat([inputs[key], extra]) if key in inputs else extra
+    meta = {**batch.meta, "idle_media": [idle.kind for idle in missing], "cu_seq_lens": cu}
+    meta["max_length"] = max(batch.meta.get("max_length", 0), *(idle.tokens for idle in missing))
     return PackedBatch(inputs, meta)
 
 
-def _append_idle_sample(inputs: dict[str, Any], token_id: int) -> None:
-    """One more one-token sample at the end of ``inputs`` (in place): masked, positions at 0."""
+def _append_idle_sample(inputs: dict[str, Any], token_id: int, tokens: int, meta: dict[str, Any]) -> None:
+    """One more sample of ``tokens`` copies of ``token_id`` at the end of ``inputs`` (in place):
+    masked, positions from 0 on every row, its own sequence (and its own mask block)."""
     ids = inputs["input_ids"]
-    inputs["input_ids"] = torch.cat([ids, ids.new_full((1, 1), token_id)], dim=1)
-    inputs["labels"] = torch.cat([inputs["labels"], inputs["labels"].new_full((1, 1), IGNORE)], dim=1)
+    inputs["input_ids"] = torch.cat([ids, ids.new_full((1, tokens), token_id)], dim=1)
+    inputs["labels"] = torch.cat([inputs["labels"], inputs["labels"].new_full((1, tokens), IGNORE)], dim=1)
     positions = inputs["position_ids"]
-    inputs["position_ids"] = torch.cat([positions, positions.new_zeros((*positions.shape[:-1], 1))], dim=-1)
+    fill = torch.arange(tokens, dtype=positions.dtype, device=positions.device)
+    inputs["position_ids"] = torch.cat([positions, fill.expand(*positions.shape[:-1], tokens)], dim=-1)
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
         if key in inputs:
-            inputs[key] = torch.cat([inputs[key], inputs[key][-1:] + 1])
+            inputs[key] = torch.cat([inputs[key], inputs[key][-1:] + tokens])
     for key in ("max_length_q", "max_length_k"):
         if key in inputs:
-            inputs[key] = max(inputs[key], 1)
+            inputs[key] = max(inputs[key], tokens)
     if "seq_idx" in inputs:
-        inputs["seq_idx"] = torch.cat([inputs["seq_idx"], inputs["seq_idx"][:, -1:] + 1], dim=1)
+        inputs["seq_idx"] = torch.cat(
+            [inputs["seq_idx"], inputs["seq_idx"][:, -1:].add(1).expand(1, tokens)], dim=1
+        )
+    if isinstance(inputs.get("attention_mask"), dict):
+        inputs["attention_mask"] = _with_media_block(inputs["attention_mask"], tokens, meta)
+
+
+def _with_media_block(masks: dict[str, torch.Tensor], tokens: int, meta: dict[str, Any]) -> dict:
+    """Gemma 3's bool masks with one more sample: a whole image of ``tokens`` tokens."""
+    if any(mask.dtype != torch.bool for mask in masks.values()):
+        raise ValueError("add idle media before converting the masks for the model (with_model_masks)")
+    device = next(iter(masks.values())).device
+    cu = torch.tensor([0, tokens], dtype=torch.int32)
+    idle = attention.media_block_masks(cu, torch.ones(tokens, dtype=torch.bool), meta["sliding_window"])
+    out = {}
+    for kind, mask in masks.items():
+        length = mask.shape[-1]
+        grown = torch.zeros(1, 1, length + tokens, length + tokens, dtype=torch.bool, device=device)
+        grown[..., :length, :length] = mask
+        grown[..., length:, length:] = idle[kind].to(device)
+        out[kind] = grown
+    return out

@@ -286,6 +286,8 @@ COST_INDEX = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in C
 
 def nested_field_paths(parquet_schema: Any, column: str, fields: list[str]) -> list[str]:
     """Parquet paths of some fields of a list<struct> column, to read them without the rest
-    (``pq.ParquetFile(...).schema`` in, e.g. ``media.list.element.grid_t`` out)."""
-    paths = [parquet_schema.column(i).path for i in range(len(parquet_schema))]
-    return [p for p in paths if p.startswith(f"{column}.") and p.rsplit(".", 1)[1] in fields]
+    (``pq.ParquetFile(...).schema`` in, e.g. ``media.list.element.grid_t`` out). A field that
+    is itself a list has a longer path (``media.list.element.group_starts.list.element``): the
+    field is the component after the list's element, whatever follows it."""
+    paths = [parquet_schema.column(i).path.split(".") for i in range(len(parquet_schema))]
+    return [".".join(p) for p in paths if p[0] == column and len(p) > 3 and p[3] in fields]

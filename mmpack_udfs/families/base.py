@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,6 +53,21 @@ class MediaTokens:
     before: tuple[str, ...]
     pad: str
     after: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class IdleMedia:
+    """The smallest media item of one kind a model's vision tower takes, fed as a masked sample
+    of its own when a micro-batch has none of that kind (``loader.training.with_idle_media``:
+    under FSDP every rank must call the vision tower alike). Built from a transformers model
+    config (``Family.idle_media``)."""
+
+    kind: str  # "image" or "video"
+    pixel_key: str  # the model input it fills: black pixels of ``pixel_shape``
+    pixel_shape: tuple[int, ...]
+    token_id: int  # its sample is ``tokens`` copies of this token
+    tokens: int
+    extra: Mapping[str, list] = field(default_factory=dict)  # int64 inputs (grids, sizes)
 
 
 # One element of a media item's token layout: ("token", "<|vision_start|>"), ("pad", n) for n
@@ -152,6 +167,22 @@ class Family:
         ``settings``: the cost model's Σ patches². Qwen-VL: one block of h × w patches per
         temporal patch."""
         return items["grid_t"], items["grid_h"] * items["grid_w"]
+
+    @classmethod
+    def idle_media(cls, config: Any) -> list[IdleMedia]:
+        """The idle items (one per kind its vision tower encodes in a call of its own) of a model
+        of this family, from its transformers ``config``. Qwen-VL: one merged token, an image and
+        a video (encoded in two calls)."""
+        vision = config.vision_config
+        merge = int(vision.spatial_merge_size)
+        rows = int(getattr(vision, "in_channels", getattr(vision, "in_chans", 3)))
+        rows *= int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+        return [
+            IdleMedia(kind, pixels, (merge**2, rows), int(getattr(config, f"{kind}_token_id")), 1,
+                      {grid: [[1, merge, merge]]})
+            for kind, pixels, grid in (("image", "pixel_values", "image_grid_thw"),
+                                       ("video", "pixel_values_videos", "video_grid_thw"))
+        ]  # fmt: skip
 
     def positions(self, length: int, media: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
         """Extra position rows of one sample alone (mRoPE: [3, length]); None: 1-D positions."""

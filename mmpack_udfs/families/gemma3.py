@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mmpack_udfs.families.base import ChatFormat, Family, LayoutElement, MediaPlan, MediaTokens
+from mmpack_udfs.families.base import ChatFormat, Family, IdleMedia, LayoutElement, MediaPlan, MediaTokens
 from mmpack_udfs.reasons import Reason, Rejected
 
 IMAGE_NEWLINES = "\n\n"  # around every image in the processor's expanded string
@@ -68,3 +68,10 @@ class Gemma3(Family):
         image = settings["image"]
         patches = (int(image["size"]) // int(image["patch_size"])) ** 2
         return np.ones(len(items["num_tokens"]), np.int64), np.full(len(items["num_tokens"]), patches)
+
+    @classmethod
+    def idle_media(cls, config: Any) -> list[IdleMedia]:
+        """One black square: ``mm_tokens_per_image`` soft tokens (bidirectional among themselves)."""
+        size = int(config.vision_config.image_size)
+        tokens = int(config.mm_tokens_per_image)
+        return [IdleMedia("image", "pixel_values", (1, 3, size, size), int(config.image_token_id), tokens)]

@@ -15,12 +15,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from mmpack_udfs.families.base import Family, LayoutElement, MediaPlan, MediaTokens, torch_arange_int
+from mmpack_udfs.families.base import (
+    Family,
+    IdleMedia,
+    LayoutElement,
+    MediaPlan,
+    MediaTokens,
+    torch_arange_int,
+)
 from mmpack_udfs.reasons import Reason, Rejected
 
 IMAGE_SPAN = MediaTokens(("<img>",), "<IMG_CONTEXT>", ("</img>",))
@@ -58,6 +65,15 @@ class InternVL(_Tiled):
     boundary_kwargs = False  # InternVLModel passes **kwargs on to its vision tower's attention
     video_processor_resize = True
     chat_modes: ClassVar[tuple[str, ...]] = ("internvl",)
+
+    @classmethod
+    def idle_media(cls, config: Any) -> list[IdleMedia]:
+        """One black tile (its videos are tiles too: one vision call for both)."""
+        vision = config.vision_config
+        height, width = _pair(vision.image_size)
+        patch_h, patch_w = _pair(vision.patch_size)
+        tokens = round(height // patch_h * (width // patch_w) * float(config.downsample_ratio) ** 2)
+        return [IdleMedia("image", "pixel_values", (1, 3, height, width), int(config.image_token_id), tokens)]
     template_tokens: ClassVar[dict[str, str]] = {"image": "<IMG_CONTEXT>", "video": "<video>"}
 
     def tile_grid(self, width: int, height: int) -> tuple[int, int]:
@@ -163,3 +179,7 @@ def _closest(grids: list[tuple[int, int]], width: int, height: int, tile: int) -
         elif diff == best_diff and width * height > 0.5 * tile * tile * grid[0] * grid[1]:
             best = grid
     return best
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))

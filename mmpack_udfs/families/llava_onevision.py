@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mmpack_udfs.families.base import Family, MediaPlan, MediaTokens
+from mmpack_udfs.families.base import Family, IdleMedia, MediaPlan, MediaTokens
 from mmpack_udfs.reasons import Reason, Rejected
 
 
@@ -94,6 +94,21 @@ class LlavaOnevision(Family):
         """A crop (an image's, a frame's) is one block of tokens_per_crop patches."""
         crops = items["grid_t"] + items["grid_h"] * items["grid_w"]
         return crops, np.full(len(crops), int(settings["image"]["tokens_per_crop"]))
+
+    @classmethod
+    def idle_media(cls, config: Any) -> list[IdleMedia]:
+        """Images: two black square crops of one sample (``batch_num_images`` 2: a crop and a
+        newline each, no anyres grid); videos: one black frame (pooled features and a newline)."""
+        size, patch = int(config.vision_config.image_size), int(config.vision_config.patch_size)
+        crop = (size // patch) ** 2 - (config.vision_feature_select_strategy == "default")
+        frame = math.ceil(size // patch / 2) ** 2
+        square = {"image_sizes": [[size, size]] * 2, "batch_num_images": [2]}
+        return [
+            IdleMedia("image", "pixel_values", (2, 1, 3, size, size), int(config.image_token_id),
+                      2 * (crop + 1), square),
+            IdleMedia("video", "pixel_values_videos", (1, 1, 3, size, size), int(config.video_token_id),
+                      frame + 1),
+        ]  # fmt: skip
 
     def features_per_side(self) -> int:
         return math.isqrt(self.settings["image"]["tokens_per_crop"])

@@ -163,3 +163,23 @@ def test_a_hybrid_model_without_its_kernels_is_refused_before_training(family_ru
     assert done.returncode != 0
     assert "install flash-linear-attention and causal-conv1d" in done.stdout + done.stderr
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_run, tmp_path):
+    """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision and Gemma 3: on each step one rank's
+    micro-batch has media and the other's none (then the other way round). The media-less rank
+    adds its family's idle media, so both call the vision tower alike: the steps complete (a
+    hang is a timeout) and every weight stays finite."""
+    families = ("internvl", "llava_onevision", "gemma3")
+    args = [f"{f}={family_run(f).output / 'packed'}" for f in families]
+    stdout = torchrun(ROOT / "tests" / "examples" / "fsdp_idle_probe.py", 2, *args, log=tmp_path / "log")
+    results = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"model_type"')]
+    assert [r["model_type"] for r in results] == list(families)
+    for result in results:
+        kinds = {"llava_onevision": ["image", "video"]}.get(result["model_type"], ["image"])
+        for rank in result["ranks"]:
+            assert rank["finite"]
+            # the media bin has images (LLaVA-OneVision's smallest no video): idle media only where missing
+            assert rank["idle_media"][1 - rank["rank"]] == kinds  # the text-only step: a full idle set
+            assert "image" not in rank["idle_media"][rank["rank"]]
+            assert all(tokens >= 1 for tokens in rank["tokens"])

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from loader import PackedDataset, collate_packed, normalize_pixel_values
+from loader.attention import with_model_masks
 from mmpack_udfs.io import tables
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.validate import stage as validate
@@ -75,7 +76,8 @@ def test_packed_samples_have_transformers_pixels_image_tokens_and_masks(gemma3):
     for bin_ in itertools.islice(PackedDataset(str(run.output / "packed"), shuffle=False), 40):
         batch = collate_packed([bin_])
         cu, image = batch.meta["cu_seq_lens"], 0
-        allowed = batch["attention_mask"]["full_attention"][0, 0] == 0
+        allowed = batch["attention_mask"]["full_attention"][0, 0]
+        assert allowed.dtype == torch.bool  # SDPA's form (attention.with_model_masks: eager's)
         ids = batch["input_ids"][0]
         for (a, b), sample_id in zip(itertools.pairwise(cu), bin_["sample_ids"], strict=True):
             ref = refs[sample_id]
@@ -174,7 +176,7 @@ def test_packed_equals_each_sample_alone(micro_batches, attention):
         batch = collate_packed(bins)
         assert min(batch.meta["bin_tokens"]) > model.config.text_config.sliding_window
         with torch.no_grad():
-            packed = model(**batch)
+            packed = model(**with_model_masks(batch, model))
         media = sample_media(batch, batch.meta["cu_seq_lens"])
         checked += assert_each_sample_alone(batch, packed, media, functools.partial(alone, model))
     assert checked == 5

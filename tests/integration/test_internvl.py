@@ -23,9 +23,11 @@ from mmpack_udfs.validate import stage as validate
 from tests.integration.test_family_tokens import oracle_references
 from tests.loader.test_model_parity import (
     CALLS,
+    KERNEL_CALLS,
     alone_1d,
     assert_each_sample_alone,
-    flash_varlen_cpu,
+    register_attentions,
+    text_calls,
     with_attention,
 )
 from tests.models.build import tiny_models
@@ -96,11 +98,7 @@ def test_packed_samples_have_transformers_pixels_and_restarting_positions(intern
 
 @pytest.fixture(scope="module")
 def flash_cpu():
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    AttentionInterface.register("flash_varlen_cpu", flash_varlen_cpu)
-    AttentionMaskInterface.register("flash_varlen_cpu", flash_attention_mask)
+    register_attentions()
 
 
 def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
@@ -114,19 +112,22 @@ def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
     return [[images[0], video], [images[1]]]
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_varlen_cpu"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_varlen_cpu", "mmpack_varlen"])
 def test_packed_equals_each_sample_alone(flash_cpu, internvl, attention):
     run, rows = internvl[0], internvl[1]
     model = with_attention(tiny_models().tiny_model("internvl", seed=3), attention)
     if attention == "flash_varlen_cpu":  # the language model's; the vision tower's stays SDPA
         model.config.vision_config._attn_implementation_internal = "sdpa"
     CALLS.clear()
-    checked = 0
+    checked = text_layers = 0
     for bins in micro_batches(run.output / "packed", rows):
         batch = collate_packed(bins)
         assert "cu_seq_lens_q" not in batch  # InternVL hands its kwargs on to the vision tower
+        KERNEL_CALLS.clear()
         with torch.no_grad():
             packed = model(**batch)
+        if attention == "mmpack_varlen":  # its text layers found the sequences in position_ids
+            text_layers += text_calls(batch.meta["cu_seq_lens"])
         tiles = sample_tiles(batch, batch.meta["cu_seq_lens"])
         media = [{"pixel_values": t} if t is not None else {} for t in tiles]
         checked += assert_each_sample_alone(batch, packed, media, functools.partial(alone_1d, model))
@@ -134,6 +135,8 @@ def test_packed_equals_each_sample_alone(flash_cpu, internvl, attention):
     if attention == "flash_varlen_cpu":  # the text layers found the boundaries in position_ids
         assert CALLS.count("position_ids") >= 3 * model.config.text_config.num_hidden_layers
         assert "cu_seq_lens" not in CALLS
+    if attention == "mmpack_varlen":
+        assert text_layers == 2 * model.config.text_config.num_hidden_layers
 
 
 def test_validate_accepts_the_shards(spark, internvl):

@@ -22,7 +22,14 @@ import torch
 from loader import PackedDataset, collate_packed
 from mmpack_udfs.validate import stage as validate
 from tests.integration.test_family_tokens import oracle_references
-from tests.loader.test_model_parity import alone_1d, assert_each_sample_alone, with_attention
+from tests.loader.test_model_parity import (
+    KERNEL_CALLS,
+    alone_1d,
+    assert_each_sample_alone,
+    register_attentions,
+    text_calls,
+    with_attention,
+)
 from tests.models.build import tiny_models
 from tests.oracles import llava_onevision as oracle
 
@@ -133,16 +140,20 @@ def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
     return [[image, video], [several]]
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "mmpack_varlen"])
 def test_packed_equals_each_sample_alone(llava, attention):
     run, rows = llava[0], llava[1]
+    register_attentions()
     model = with_attention(tiny_models().tiny_model("llava_onevision", seed=3), attention)
     crops_of = crops_per_sample(rows)
     checked = 0
     for bins in micro_batches(run.output / "packed", rows):
         batch = collate_packed(bins)
+        KERNEL_CALLS.clear()
         with torch.no_grad():
             packed = model(**batch)
+        if attention == "mmpack_varlen":  # the registered function took the batch's boundaries
+            assert text_calls(batch.meta["cu_seq_lens"]) == model.config.text_config.num_hidden_layers
         sample_ids = [s for b in bins for s in b["sample_ids"]]
         media = sample_inputs(batch, batch.meta["cu_seq_lens"], crops_of, sample_ids)
         checked += assert_each_sample_alone(batch, packed, media, functools.partial(alone_1d, model))

@@ -1,12 +1,18 @@
-"""Packed varlen attention equals attention over each sample alone."""
+"""Packed varlen attention equals attention over each sample alone; ``mmpack_varlen``
+(transformers' attention on torch's varlen kernel, here on its CPU reference) and its refusals;
+Gemma 3's masks in the form of the attention in use, against transformers' own."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from loader import block_diagonal_mask, varlen_attention
+from loader import attention, block_diagonal_mask, collate_packed, varlen_attention
+from loader.attention import VARLEN, reference_varlen_attn, with_model_masks
+from loader.hybrid import PackingUnsupported
 
 
 def per_sample(q, k, v, cu, causal):
@@ -48,3 +54,243 @@ def test_block_diagonal_mask_blocks_when_added_to_scores():
     assert weights[3:, :3].abs().max() == 0 and weights[:3, 3:].abs().max() == 0
     assert torch.triu(weights, diagonal=1).abs().max() == 0
     torch.testing.assert_close(weights.sum(-1), torch.ones(7))
+
+
+# -- mmpack_varlen: transformers' attention on torch's varlen kernel ------------------------------
+
+
+def windowed_per_sample(q, k, v, cu, window):
+    """Each sequence alone, SDPA with its (left, right) window as a mask."""
+    outs = []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        n = b - a
+        offset = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+        allowed = torch.ones(n, n, dtype=torch.bool)
+        if window[0] >= 0:
+            allowed &= offset >= -window[0]
+        if window[1] >= 0:
+            allowed &= offset <= window[1]
+        qs, ks, vs = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))
+        ks = ks.repeat_interleave(qs.shape[1] // ks.shape[1], dim=1)
+        vs = vs.repeat_interleave(qs.shape[1] // vs.shape[1], dim=1)
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed)[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (-1, -1), (3, 0)])
+def test_the_reference_kernel_equals_each_sequence_alone(window):
+    torch.manual_seed(2)
+    cu = torch.tensor([0, 7, 8, 20], dtype=torch.int32)
+    q, k, v = torch.randn(20, 4, 8), torch.randn(20, 2, 8), torch.randn(20, 2, 8)
+    got = reference_varlen_attn(q, k, v, cu, cu, 12, 12, window_size=window, enable_gqa=True)
+    torch.testing.assert_close(got, windowed_per_sample(q, k, v, cu, window), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        reference_varlen_attn(q, k, v, cu, cu, 12, 12)
+
+
+@pytest.fixture
+def varlen_kernel():
+    """``register_varlen(kernel)`` for one test; the kernel registered before comes back after."""
+    before = dict(attention._KERNEL)
+    yield lambda kernel=None: attention.register_varlen(kernel)
+    attention._KERNEL.update(before)
+
+
+def tiny_causal_lm(attention_name: str, **extra):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, **extra,
+    )  # fmt: skip
+    return Qwen2ForCausalLM._from_config(config, attn_implementation=attention_name).eval()
+
+
+def packed_rows(lengths: list[int]) -> dict:
+    ids = torch.randint(0, 500, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    return {"input_ids": ids, "position_ids": positions, "cu": cu}
+
+
+@pytest.mark.parametrize("boundaries", ["cu_seq_lens", "position_ids"])
+def test_mmpack_varlen_packed_equals_each_sample_alone_with_a_sliding_window(varlen_kernel, boundaries):
+    """A causal LM with sliding-window layers (window 4, samples longer): mmpack_varlen on a packed
+    row, with the sequences as keyword arguments or in the restarting positions, gives every
+    sample SDPA's logits for it alone."""
+    calls = []
+
+    def kernel(*args, **options):
+        calls.append(options["window_size"])
+        return reference_varlen_attn(*args, **options)
+
+    varlen_kernel(kernel)
+    window = {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}
+    packed_model, alone_model = tiny_causal_lm(VARLEN, **window), tiny_causal_lm("sdpa", **window)
+    rows = packed_rows([9, 3, 12])
+    cu = rows["cu"]
+    kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 12, "max_length_k": 12}
+    with torch.no_grad():
+        packed = packed_model(
+            input_ids=rows["input_ids"], position_ids=rows["position_ids"], use_cache=False,
+            **(kwargs if boundaries == "cu_seq_lens" else {}),
+        ).logits[0]  # fmt: skip
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+            alone = alone_model(input_ids=rows["input_ids"][:, a:b], use_cache=False).logits[0]
+            torch.testing.assert_close(packed[a:b], alone, atol=1e-5, rtol=1e-5)
+    assert calls == [(3, 0), (3, 0)]  # both layers, W = 4 keys: three before and the query
+
+
+def test_mmpack_varlen_without_boundaries_would_leak(varlen_kernel):
+    """The control: one row without sequences is one sample, so later samples see earlier ones."""
+    varlen_kernel(reference_varlen_attn)
+    model = tiny_causal_lm(VARLEN)
+    rows = packed_rows([9, 3, 12])
+    with torch.no_grad():
+        right = model(input_ids=rows["input_ids"], position_ids=rows["position_ids"], use_cache=False)
+        wrong = model(input_ids=rows["input_ids"], use_cache=False)
+    assert (right.logits[0, 9:] - wrong.logits[0, 9:]).abs().max() > 1e-3
+    torch.testing.assert_close(right.logits[0, :9], wrong.logits[0, :9], atol=1e-5, rtol=1e-5)
+
+
+def call(query, key=None, mask=None, **kwargs):
+    module = torch.nn.Module()
+    module.is_causal = True
+    key = query if key is None else key
+    return attention.varlen_attention_forward(module, query, key, key, mask, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "query,options,message",
+    [
+        (torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16), {}, "CUDA only"),
+        (torch.zeros(1, 2, 4, 8), {}, "float16 or bfloat16, not torch.float32"),
+        (torch.zeros(1, 2, 4, 12, dtype=torch.bfloat16), {}, "multiples of 8 up to 256, not 12"),
+    ],
+)
+def test_torchs_kernel_refuses_what_it_cannot_run(varlen_kernel, query, options, message):
+    varlen_kernel()  # torch's own kernel
+    with pytest.raises(PackingUnsupported, match=message):
+        call(query, **options)
+
+
+@pytest.mark.parametrize(
+    "key,mask,options,message",
+    [
+        (None, torch.ones(1, 1, 4, 4, dtype=torch.bool), {}, "attention mask .*Gemma 3.*'sdpa'"),
+        (None, None, {"dropout": 0.1}, "dropout 0.1"),
+        (None, None, {"softcap": 50.0}, "soft-capping"),
+        (torch.zeros(1, 2, 9, 8), None, {}, "KV cache"),
+        (None, None, {"is_causal": False, "sliding_window": 4}, "sliding window on bidirectional"),
+    ],
+)  # fmt: skip
+def test_mmpack_varlen_refuses_what_no_varlen_kernel_computes(varlen_kernel, key, mask, options, message):
+    varlen_kernel(reference_varlen_attn)
+    with pytest.raises(PackingUnsupported, match=message):
+        call(torch.zeros(1, 2, 4, 8), key, mask, **options)
+
+
+def test_a_torch_without_the_kernel_is_refused_at_registration(monkeypatch):
+    import torch.nn.attention.varlen as varlen
+
+    monkeypatch.setattr(varlen, "varlen_attn", lambda query, key, value, cu_q, cu_k, max_q, max_k: None)
+    with pytest.raises(PackingUnsupported, match="upgrade torch, install flash-attn"):
+        attention.torch_varlen_kernel()
+
+
+def test_auto_picks_flash_attn_then_mmpack_varlen_on_cuda_else_sdpa(varlen_kernel, monkeypatch):
+    assert attention.choose_attention("auto", "qwen2_vl") == "sdpa"  # this machine: no CUDA
+    assert attention.choose_attention("eager", "qwen2_vl") == "eager"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert attention.choose_attention("auto", "qwen2_vl") == VARLEN
+    assert attention._KERNEL["torch"]  # the real kernel, registered
+    assert attention.choose_attention("auto", "qwen2_vl", torch.float32) == "sdpa"  # the kernel takes halves
+    assert attention.choose_attention("auto", "gemma3") == "sdpa"  # masks: bidirectional image blocks
+    monkeypatch.setattr(attention, "_flash_varlen", lambda: object())
+    assert attention.choose_attention("auto", "internvl") == "flash_attention_2"
+
+
+# -- Gemma 3's masks, in the form of the attention in use ---------------------------------------
+
+SOFT, GEMMA_WINDOW = 262144, 64
+
+
+def gemma3_bin(lengths_and_images: list[tuple[int, int]]) -> dict:
+    """A Gemma 3 bin by hand: per sample, ``text`` tokens then one image of 256 soft tokens at
+    ``image`` (its start), labels on the text."""
+    ids, media, cu = [], [], [0]
+    generator = torch.Generator().manual_seed(3)
+    for length, image in lengths_and_images:
+        sample = torch.randint(300, 5000, (length,), generator=generator)
+        sample[image : image + 256] = SOFT
+        ids.append(sample)
+        media.append(sample == SOFT)
+        cu.append(cu[-1] + length)
+    ids_ = torch.cat(ids)
+    labels = torch.where(ids_ == SOFT, -100, ids_)
+    return {
+        "input_ids": ids_, "labels": labels, "media_token_mask": torch.cat(media),
+        "position_ids": torch.cat([torch.arange(n) for n, _ in lengths_and_images]),
+        "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+        "max_seqlen": max(n for n, _ in lengths_and_images),
+        "sample_ids": [f"s{i}" for i in range(len(lengths_and_images))], "sliding_window": GEMMA_WINDOW,
+        "pixel_values": torch.zeros(len(lengths_and_images), 3, 896, 896),
+    }  # fmt: skip
+
+
+def transformers_masks(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The masks transformers hands Gemma 3's decoder layers for ``ids`` alone (its processor's
+    ``token_type_ids``), by layer type."""
+    seen = {}
+    layers = model.model.language_model.layers
+    types = model.config.text_config.layer_types
+
+    def hook(index):
+        def record(module, args, kwargs):
+            seen.setdefault(types[index], kwargs["attention_mask"])
+
+        return record
+
+    handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            model(
+                input_ids=ids[None], token_type_ids=(ids == SOFT).long()[None], use_cache=False,
+                pixel_values=torch.zeros(1, 3, 896, 896, dtype=model.dtype),
+            )  # fmt: skip
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("attention_name", ["sdpa", "eager"])
+def test_gemma3_masks_are_what_transformers_builds_for_each_sample(attention_name, dtype):
+    """Per sample (two of them, longer than the sliding window, an image each), the packed masks
+    in the model's form equal in dtype and value the masks transformers builds for it alone:
+    bool for SDPA, additive in the model's dtype for eager; nothing across samples."""
+    from tests.models.build import tiny_models
+
+    model = tiny_models().tiny_model("gemma3", seed=1, attn_implementation=attention_name).to(dtype)
+    batch = collate_packed([gemma3_bin([(300, 20), (280, 5)])])
+    masks = with_model_masks(batch, model)["attention_mask"]
+    assert batch["attention_mask"]["full_attention"].dtype == torch.bool  # collated: SDPA's form
+    cu = batch.meta["cu_seq_lens"]
+    for a, b in itertools.pairwise(cu):
+        theirs = transformers_masks(model, batch["input_ids"][0, a:b])
+        for kind in ("full_attention", "sliding_attention"):
+            mine = masks[kind]
+            assert mine.dtype == theirs[kind].dtype == (torch.bool if attention_name == "sdpa" else dtype)
+            assert torch.equal(mine[..., a:b, a:b], theirs[kind])
+            blocked = False if mine.dtype == torch.bool else torch.finfo(dtype).min
+            assert (mine[..., a:b, :a] == blocked).all() and (mine[..., a:b, b:] == blocked).all()
+    assert not torch.equal(masks["full_attention"], masks["sliding_attention"])
+
+
+@pytest.mark.parametrize("attention_name", [VARLEN, "flash_attention_2", "flex_attention"])
+def test_gemma3_masks_are_refused_for_an_attention_that_cannot_take_them(attention_name):
+    masks = collate_packed([gemma3_bin([(300, 20)])])["attention_mask"]
+    with pytest.raises(PackingUnsupported, match="use 'sdpa' or 'eager'"):
+        attention.model_masks(masks, attention_name, torch.bfloat16)

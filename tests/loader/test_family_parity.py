@@ -22,9 +22,10 @@ from loader import PackedDataset, collate_packed
 from loader.hybrid import PackingUnsupported, require_sample_isolation
 from tests.loader.test_model_parity import (
     CALLS,
+    KERNEL_CALLS,
     alone,
     assert_each_sample_alone,
-    flash_varlen_cpu,
+    register_attentions,
     sample_media,
     with_attention,
 )
@@ -43,12 +44,9 @@ MODELS = {  # tiny model type -> the family run whose shards it reads
 
 @pytest.fixture(scope="module")
 def flash_cpu():
-    """transformers' flash-attention path, computed on the CPU (tests/loader/test_model_parity.py)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    AttentionInterface.register("flash_varlen_cpu", flash_varlen_cpu)
-    AttentionMaskInterface.register("flash_varlen_cpu", flash_attention_mask)
+    """transformers' flash-attention path, computed on the CPU, and mmpack_varlen on the CPU
+    reference of its kernel (tests/loader/test_model_parity.py)."""
+    register_attentions()
 
 
 def micro_batches(packed) -> list[list[dict]]:
@@ -144,7 +142,11 @@ def check_packed_equals_alone(model, batches) -> int:
 @pytest.mark.parametrize(  # the MoE variant's attention is Qwen3-VL's: SDPA is enough there
     "model_type,attention",
     [
-        *((m, a) for m in ("qwen2_5_vl", "qwen3_vl") for a in ("sdpa", "eager", "flash_varlen_cpu")),
+        *(
+            (m, a)
+            for m in ("qwen2_5_vl", "qwen3_vl")
+            for a in ("sdpa", "eager", "flash_varlen_cpu", "mmpack_varlen")
+        ),
         ("qwen3_vl_moe", "sdpa"),
     ],
 )
@@ -152,9 +154,17 @@ def test_packed_equals_each_sample_alone(flash_cpu, family_run, model_type, atte
     run = family_run(MODELS[model_type])
     model = with_attention(tiny_models().tiny_model(model_type, seed=3), attention)
     CALLS.clear()
-    assert check_packed_equals_alone(model, micro_batches(run.output / "packed")) >= 6
+    KERNEL_CALLS.clear()
+    batches = micro_batches(run.output / "packed")
+    assert check_packed_equals_alone(model, batches) >= 6
     if attention == "flash_varlen_cpu":  # the text layers used the batch's boundaries
         assert CALLS.count("cu_seq_lens") >= 3 * model.config.text_config.num_hidden_layers
+    if attention == "mmpack_varlen":  # the registered function ran every text layer, on them
+        sequences = [collate_packed(bins).meta["cu_seq_lens"] for bins in batches]
+        causal = [cu for cu, window in KERNEL_CALLS if window == (-1, 0)]
+        packed = [cu for cu in causal if len(cu) > 2]  # the samples alone are one sequence each
+        assert len(packed) == len(batches) * model.config.text_config.num_hidden_layers
+        assert all(cu in sequences for cu in packed)
 
 
 @pytest.mark.parametrize(
@@ -188,3 +198,28 @@ def test_hybrid_packed_batches_are_refused_without_the_kernels(family_run):
     with pytest.raises(ValueError, match="can't keep packed sequences apart"), torch.no_grad():
         model(**batch)  # transformers' own refusal: its torch ops would leak state across samples
     require_sample_isolation(tiny_models().tiny_model("qwen3_vl"))  # no linear attention: nothing to refuse
+
+
+POSITIONS = ("position_ids", "mrope_position_ids")
+MEDIA_KEYS = (("image", "pixel_values"), ("video", "pixel_values_videos"))
+
+
+@pytest.mark.parametrize(
+    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "llava_onevision"]
+)
+def test_positions_without_media_equal_those_with_media(family_run, packed_demo, family):
+    """``PackedDataset(with_media=False)`` reads the media's grids and offsets only, never their
+    bytes, and gives every bin the positions (mRoPE included) it gets with the media: on each
+    family's demo pack with images and videos (Qwen3-VL's timestamped video groups included)."""
+    packed = packed_demo / "packed" if family == "qwen2_vl" else family_run(family).output / "packed"
+    with_media = PackedDataset(str(packed), shuffle=False)
+    without = PackedDataset(str(packed), shuffle=False, with_media=False)
+    kinds = set()
+    for full, lean in zip(with_media, without, strict=True):
+        assert "pixel_values" not in lean and "pixel_values_videos" not in lean
+        kinds |= {kind for kind, key in MEDIA_KEYS if key in full}
+        for key in POSITIONS:
+            assert (key in full) == (key in lean)
+            if key in full:
+                assert torch.equal(full[key], lean[key]), (family, key, full["sample_ids"])
+    assert kinds == ({"image"} if family == "internvl" else {"image", "video"})  # InternVL: frames are tiles

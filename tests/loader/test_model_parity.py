@@ -3,9 +3,11 @@
 Tiny random models from hand-made configs (no hub), fp32 on CPU, real token ids from the
 packed demo shards (images and videos). The oracle for every sample is transformers
 itself: the sample alone, with the model computing its own mRoPE (``get_rope_index``).
-Attention: SDPA, eager, and ``flash_varlen_cpu``, a stand-in registered under a name that
+Attention: SDPA, eager, ``flash_varlen_cpu``, a stand-in registered under a name that
 makes transformers take its flash-attention path (no mask; ``cu_seq_lens_*`` and
-``max_length_*`` passed through) and computes varlen attention on the CPU.
+``max_length_*`` passed through) and computes varlen attention on the CPU, and
+``mmpack_varlen`` (``loader.attention``) with torch's CUDA kernel replaced by
+``recording_kernel``: its CPU reference, which records what each call received.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ import importlib.util
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from loader import PackedDataset, collate_packed, varlen_attention
+from loader.attention import reference_varlen_attn, register_varlen
 
 pytestmark = pytest.mark.spark
 
 IMAGE_PAD, VIDEO_PAD = 151655, 151656
 ROOT = Path(__file__).resolve().parents[2]
-ATTENTION = ["sdpa", "eager", "flash_varlen_cpu"]
+ATTENTION = ["sdpa", "eager", "flash_varlen_cpu", "mmpack_varlen"]
 
 
 def load_example():
@@ -58,13 +62,39 @@ def flash_varlen_cpu(module, query, key, value, attention_mask, scaling=None, is
     return varlen_attention(q, k, v, cu, longest, causal=causal, softmax_scale=scaling)[None], None
 
 
-@pytest.fixture(scope="module")
-def example():
+KERNEL_CALLS: list[tuple[list[int], tuple[int, int]]] = []  # mmpack_varlen: (cu_seq_q, window) a call
+
+
+def recording_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **options):
+    """torch's varlen kernel's signature, computed by its CPU reference; records each call."""
+    assert cu_seq_q.dtype == torch.int32 and isinstance(max_q, int) and max_q == int(cu_seq_q.diff().max())
+    KERNEL_CALLS.append((cu_seq_q.tolist(), tuple(options["window_size"])))
+    return reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **options)
+
+
+def text_calls(cu: list[int]) -> int:
+    """mmpack_varlen's causal calls (the language model's layers), each checked to have received
+    the batch's sequences ``cu``; bidirectional calls (a vision tower's) are one image or crop
+    per row, whatever text boundaries came along."""
+    causal = [seen for seen, window in KERNEL_CALLS if window == (-1, 0)]
+    assert all(seen == cu for seen in causal), (causal[:1], cu)
+    assert all(len(set(np.diff(seen))) == 1 for seen, window in KERNEL_CALLS if window == (-1, -1))
+    return len(causal)
+
+
+def register_attentions() -> None:
+    """flash_varlen_cpu, and mmpack_varlen on ``recording_kernel``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     AttentionInterface.register("flash_varlen_cpu", flash_varlen_cpu)
     AttentionMaskInterface.register("flash_varlen_cpu", flash_attention_mask)
+    register_varlen(kernel=recording_kernel)
+
+
+@pytest.fixture(scope="module")
+def example():
+    register_attentions()
     return load_example()
 
 
@@ -164,10 +194,13 @@ def test_qwen2_vl_packed_equals_each_sample_alone(example, micro_batches, attent
         batch = collate_packed(bins)
         assert batch["position_ids"].shape == (4, 1, batch.meta["num_tokens"])
         CALLS.clear()
+        KERNEL_CALLS.clear()
         with torch.no_grad():
             packed = model(**batch)
         if attention == "flash_varlen_cpu":  # text layers used the batch's boundaries, not a guess
             assert CALLS.count("cu_seq_lens") >= model.config.text_config.num_hidden_layers
+        if attention == "mmpack_varlen":  # the registered function ran every text layer, on them
+            assert text_calls(batch.meta["cu_seq_lens"]) == model.config.text_config.num_hidden_layers
         media = sample_media(batch, batch.meta["cu_seq_lens"])
         checked_samples += assert_each_sample_alone(
             batch, packed, media, lambda ids, labels, m: alone(model, ids[0], labels[0], m)

@@ -39,7 +39,7 @@ from tests.loader.test_model_parity import (
     CALLS,
     IMAGE_PAD,
     alone,
-    flash_varlen_cpu,
+    register_attentions,
     sample_media,
     with_attention,
 )
@@ -204,11 +204,7 @@ def perturbed(model: torch.nn.Module, scale: float = 0.01, seed: int = 7) -> tor
 def flash_cpu() -> str:
     """``flash_varlen_cpu`` (tests/loader/test_model_parity.py): transformers' flash-attention
     calling convention, ``cu_seq_lens_*`` passed through, computed on the CPU."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    AttentionInterface.register("flash_varlen_cpu", flash_varlen_cpu)
-    AttentionMaskInterface.register("flash_varlen_cpu", flash_attention_mask)
+    register_attentions()
     return "flash_varlen_cpu"
 
 
@@ -312,6 +308,25 @@ def training_args(tmp_path, **extra: Any) -> TrainingArguments:
     return TrainingArguments(
         str(tmp_path), use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, **extra
     )
+
+
+def test_the_trainer_sets_the_attention_auto_picks(bins, tmp_path, monkeypatch):
+    """``PackedTrainer(attention="auto")``: SDPA on a CPU or for a float32 model, mmpack_varlen
+    (torch's kernel) for a bf16 model on CUDA when flash-attn is not installed."""
+    from loader import attention
+    from loader.trainer import PackedTrainer
+
+    sft = HandPack(bins, preference=False)
+    model = tiny_qwen2_vl("eager")
+    PackedTrainer(model=model, args=training_args(tmp_path), train_dataset=sft, attention="auto")
+    assert model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention, "_flash_varlen", lambda: None)
+    monkeypatch.setattr(attention, "_KERNEL", dict(attention._KERNEL))  # restored after the test
+    model = tiny_qwen2_vl("eager").to(torch.bfloat16)
+    PackedTrainer(model=model, args=training_args(tmp_path), train_dataset=sft, attention="auto")
+    assert model.config._attn_implementation == "mmpack_varlen"
+    assert model.config.text_config._attn_implementation == "mmpack_varlen"
 
 
 def test_each_trainer_refuses_the_other_kind_of_pack(bins, tmp_path):
