@@ -70,7 +70,7 @@ test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 # The inner loop: the unit tests (no Spark, no torchrun, no benchmark runs), a few minutes.
 test-fast: setup $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -m "not spark and not slow" -p no:cacheprovider
+	$(BIN)/pytest -q -m "not spark and not slow" -n 2 -p no:cacheprovider
 
 # The DAG tests: Airflow lives in its own virtualenv (its Spark provider's pyspark-client
 # clashes with full pyspark); spark-submit and the jobs' Python come from $(VENV).

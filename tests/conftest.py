@@ -27,6 +27,14 @@ os.environ.update(
     AWS_EC2_METADATA_DISABLED="true",
 )
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs the SparkSession (its fixtures do) is a ``spark`` test, marked or not:
+    ``make test-fast`` (``-m "not spark and not slow"``) never starts Spark."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 TEST_SPARK = {
     "master": "local[2]",
     "app_name": "mmpack-tests",
