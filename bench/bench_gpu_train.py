@@ -27,7 +27,6 @@ Results: bench/out/gpu_train.json; copy the tables into bench/RESULTS.md with th
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import random
@@ -58,19 +57,15 @@ QWEN2_VL_2B = {  # Qwen2-VL-2B-Instruct's config.json widths
 }  # fmt: skip
 
 
-def tiny_models():
-    spec = importlib.util.spec_from_file_location("tiny_models", ROOT / "examples" / "tiny_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     torch.manual_seed(0)
     if args.smoke:
-        config = AutoConfig.for_model(**tiny_models().tiny_config("qwen2_vl"))
+        sys.path.insert(0, str(ROOT / "examples"))
+        from tiny_models import tiny_config
+
+        config = AutoConfig.for_model(**tiny_config("qwen2_vl"))
     else:
         spec = json.loads(json.dumps(QWEN2_VL_2B))
         spec["text_config"]["num_hidden_layers"] = args.text_layers
@@ -80,11 +75,6 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     if not args.smoke:
         model.gradient_checkpointing_enable()
     return model.to(device).train()
-
-
-def use_attention(model: torch.nn.Module, name: str) -> None:
-    """Switch the language model's and the vision tower's attention."""
-    model.set_attn_implementation(name)
 
 
 # -- the samples of the bins, alone ---------------------------------------------------------------
@@ -191,10 +181,10 @@ def throughput(args, model, bins: list[PackedBatch], device, dtype) -> list[dict
     rows = []
     packed = [to_device(b, device, dtype) for b in bins]
     for name in args.attentions:
-        use_attention(model, name)
+        model.set_attn_implementation(name)
         result = measure(model, packed, summed_loss, device)
         rows.append({"batches": "packed bins", "attention": name, "padding": 0.0, **result})
-    use_attention(model, "sdpa")
+    model.set_attn_implementation("sdpa")
     for size, order in itertools.product(args.batch_sizes, ("random", "length-grouped")):
         chosen = list(samples)
         random.Random(0).shuffle(chosen)
@@ -237,18 +227,18 @@ def parity(args, model, bins: list[PackedBatch], device, dtype) -> dict[str, Any
     for batch in bins[: args.parity_bins]:
         inputs = to_device(batch, device, dtype)
         cu, samples = batch.meta["cu_seq_lens"], samples_of(batch)
-        use_attention(model, "sdpa")
+        model.set_attn_implementation("sdpa")
         alone = [last_hidden(model, alone_inputs(s, device, dtype)) for s in samples]
-        use_attention(model, "eager")
+        model.set_attn_implementation("eager")
         eager = [last_hidden(model, alone_inputs(s, device, dtype)) for s in samples]
         noise += [float((a - e).abs().max()) for a, e in zip(alone, eager, strict=True)]
         scale = max(scale, *(float(a.abs().max()) for a in alone))
         for name in args.attentions:
-            use_attention(model, name)
+            model.set_attn_implementation(name)
             packed = last_hidden(model, inputs)
             diffs[name] += [float((packed[a:b] - x).abs().max())
                             for (a, b), x in zip(itertools.pairwise(cu), alone, strict=True)]  # fmt: skip
-        use_attention(model, "sdpa")
+        model.set_attn_implementation("sdpa")
         leaky = last_hidden(model, {**inputs, "position_ids": inputs["position_ids"][1:]})
         later = itertools.islice(zip(itertools.pairwise(cu), alone, strict=True), 1, None)
         leak += [float((leaky[a:b] - x).abs().max()) for (a, b), x in later]

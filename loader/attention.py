@@ -90,7 +90,7 @@ def model_masks(
     takes no mask (flash-attn, ``mmpack_varlen``) or another form cannot keep the image blocks
     bidirectional: refused."""
     if attn_implementation == "sdpa":
-        return {kind: mask.to(torch.bool) for kind, mask in masks.items()}
+        return dict(masks)
     if attn_implementation == "eager":
         return {kind: _additive(mask, dtype) for kind, mask in masks.items()}
     raise PackingUnsupported(
@@ -116,7 +116,7 @@ def with_model_masks(batch: Any, model: torch.nn.Module) -> Any:
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed.to(torch.bool), torch.finfo(dtype).min)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def _flash_varlen():
@@ -141,18 +141,11 @@ def varlen_attention(
     if flash is not None:
         cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
         return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal, softmax_scale=softmax_scale)
-    if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head across its query heads
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    mask = block_diagonal_mask(cu_seqlens.to(q.device), causal, q.dtype)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],
-        k.transpose(0, 1)[None],
-        v.transpose(0, 1)[None],
-        attn_mask=mask,
-        scale=softmax_scale,
+    cu = cu_seqlens.to(q.device)
+    window = (-1, 0) if causal else (-1, -1)
+    return reference_varlen_attn(
+        q, k, v, cu, cu, max_seqlen, max_seqlen, scale=softmax_scale, window_size=window, enable_gqa=True
     )
-    return out[0].transpose(0, 1)
 
 
 # --- transformers' attention on torch's own FlashAttention-2 varlen kernel ------------------------

@@ -65,6 +65,7 @@ class InternVL(_Tiled):
     boundary_kwargs = False  # InternVLModel passes **kwargs on to its vision tower's attention
     video_processor_resize = True
     chat_modes: ClassVar[tuple[str, ...]] = ("internvl",)
+    template_tokens: ClassVar[dict[str, str]] = {"image": "<IMG_CONTEXT>", "video": "<video>"}
 
     @classmethod
     def idle_media(cls, config: Any) -> list[IdleMedia]:
@@ -74,7 +75,6 @@ class InternVL(_Tiled):
         patch_h, patch_w = _pair(vision.patch_size)
         tokens = round(height // patch_h * (width // patch_w) * float(config.downsample_ratio) ** 2)
         return [IdleMedia("image", "pixel_values", (1, 3, height, width), int(config.image_token_id), tokens)]
-    template_tokens: ClassVar[dict[str, str]] = {"image": "<IMG_CONTEXT>", "video": "<video>"}
 
     def tile_grid(self, width: int, height: int) -> tuple[int, int]:
         cfg = self.settings["image"]
