@@ -64,12 +64,14 @@ $(GEMMA3_TOKENIZER)/.installed: $(STAMP)
 
 test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
 	$(BIN)/pytest -q
 	$(MAKE) test-airflow
 
 # The inner loop: the unit tests (no Spark, no torchrun, no benchmark runs), a few minutes.
 test-fast: setup $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -m "not spark and not slow" -n 2 -p no:cacheprovider
 
 # The DAG tests: Airflow lives in its own virtualenv (its Spark provider's pyspark-client

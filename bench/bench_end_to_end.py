@@ -22,11 +22,10 @@ from pathlib import Path
 from common import OUT, PeakMemory, bench_spark, machine, parse_with_smoke
 from PIL import Image
 
-from mmpack_udfs.config.loading import load_config
 from mmpack_udfs.demo import data as demo_data
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.normalize import stage as normalize
 from mmpack_udfs.pack import stage as pack
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.tokenize import stage as tokenize
 
 STAGES = {"normalize": normalize.run, "tokenize": tokenize.run, "pack": pack.run}
@@ -76,7 +75,7 @@ def main() -> None:
 
     spark = bench_spark(args.master, driver_memory="4g")
     shutil.rmtree(out, ignore_errors=True)
-    ctx = RunContext.of(load_config(config, [f"output={out}", f"run_id=bench-{time.time_ns()}"]))
+    ctx = load_run(config, [f"output={out}", f"run_id=bench-{time.time_ns()}"])
     stages = {}
     for name, run in STAGES.items():
         memory = PeakMemory()

@@ -27,10 +27,9 @@ from common import OUT, bench_spark, machine, parse_with_smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmpack_udfs.config import load_config
 from mmpack_udfs.demo import data as demo_data
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.normalize import stage as normalize
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.tokenize import stage as tokenize
 from tests.models.build import build_model_dir
 
@@ -51,7 +50,7 @@ def main() -> None:
         data = demo_data.generate(root, samples=args.samples, seed=0, media_pool=min(2000, args.samples))
         (root / ".complete").write_text("ok")
     out = OUT / "families-run"
-    normalize.run(spark, RunContext.of(load_config(data.config, [f"output={out}"])))
+    normalize.run(spark, load_run(data.config, [f"output={out}"]))
     models = OUT / "families-models"
     settings = {"qwen2_vl": []}
     for name in FAMILIES:
@@ -61,9 +60,9 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in settings}
     for _ in range(args.rounds):
         for name, overrides in settings.items():
-            config = load_config(data.config, [f"output={out}", f"run_id=bench-{time.time_ns()}", *overrides])
+            ctx = load_run(data.config, [f"output={out}", f"run_id=bench-{time.time_ns()}", *overrides])
             started = time.perf_counter()
-            summary = tokenize.run(spark, RunContext.of(config))
+            summary = tokenize.run(spark, ctx)
             seconds = time.perf_counter() - started
             results[name].append(
                 {

@@ -18,8 +18,8 @@ import time
 from common import OUT, bench_spark, machine, parse_with_smoke
 
 from mmpack_udfs.config import load_config
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.demo import data as demo_data
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.normalize import stage as normalize
 
 

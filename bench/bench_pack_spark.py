@@ -29,8 +29,8 @@ from common import OUT, PeakMemory, bench_spark, machine, parse_with_smoke
 
 from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.io import fs, tables
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 

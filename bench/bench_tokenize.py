@@ -29,11 +29,10 @@ from pathlib import Path
 
 from common import OUT, bench_spark, machine, parse_with_smoke
 
-from mmpack_udfs.config import load_config
 from mmpack_udfs.demo import data as demo_data
 from mmpack_udfs.io import tables
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.normalize import stage as normalize
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.tokenize import stage as tokenize
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
@@ -111,8 +110,8 @@ def main() -> None:
     spark = bench_spark(args.master, driver_memory="6g")
     data = demo_dataset(args.samples)
     out = OUT / "tokenize-run"
-    normalize.run(spark, RunContext.of(load_config(data.config, [f"output={out}"])))
-    settings = TokenizeSettings.from_config(load_config(data.config, [f"output={out}"]))
+    normalize.run(spark, load_run(data.config, [f"output={out}"]))
+    settings = TokenizeSettings.from_config(load_run(data.config, [f"output={out}"]).config)
     texts = stage_texts(settings, table_uri(str(out), "samples"))
     tokenizer_path = settings.tokenizer_path
 
@@ -121,9 +120,9 @@ def main() -> None:
     rounds = []
     for _ in range(args.rounds):
         raw = raw_tokenizer(tokenizer_path, texts)
-        config = load_config(data.config, [f"output={out}", f"run_id=bench-{time.time_ns()}"])
+        ctx = load_run(data.config, [f"output={out}", f"run_id=bench-{time.time_ns()}"])
         started = time.perf_counter()
-        summary = tokenize.run(spark, RunContext.of(config))
+        summary = tokenize.run(spark, ctx)
         stage = time.perf_counter() - started
         rounds.append(
             {

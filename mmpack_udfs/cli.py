@@ -12,11 +12,11 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from mmpack_udfs.config import Config, load_config
+from mmpack_udfs import resolve
 from mmpack_udfs.config.model import WRITE_MODES
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK, ConfigError, MmpackError
 from mmpack_udfs.io import fs, lock
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pipeline import PIPELINE, STAGES, stage
 
 log = logging.getLogger("mmpack_udfs.cli")  # not __name__: `python -m` makes that __main__
@@ -97,21 +97,22 @@ def add_verbose_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The checked config of a command: --config, --set, and the options that set keys."""
+def context_from_args(args: argparse.Namespace) -> RunContext:
+    """The run context of a command: --config, --set, and the options that set keys; its
+    model directory read once (``resolve.load_run``)."""
     overrides = list(args.overrides)
     for key in ("output", "run_id", "mode"):
         value = getattr(args, "out" if key == "output" else key, None)
         if value is not None:
             overrides.append(f"{key}={value}")
-    return load_config(getattr(args, "config", None), overrides)
+    return resolve.load_run(getattr(args, "config", None), overrides)
 
 
 @contextmanager
 def locked_run(args: argparse.Namespace, stages: Sequence[str]) -> Iterator[RunContext]:
     """The run context of the command's config, checked for ``stages``, holding its output
     root's lock."""
-    ctx = RunContext.of(config_from_args(args))
+    ctx = context_from_args(args)
     preflight(ctx, stages)
     with lock.output_lock(ctx.output, stages, ctx.storage):
         yield ctx
@@ -127,7 +128,7 @@ def preflight(ctx: RunContext, stages: Sequence[str]) -> None:
     if "tokenize" in stages:
         from mmpack_udfs.tokenize.encoder import TokenizeSettings
 
-        TokenizeSettings.from_config(ctx.config)
+        TokenizeSettings.from_config(ctx.config, ctx.model)
 
 
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
@@ -152,7 +153,7 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from mmpack_udfs.report import pack_report as report
 
-    ctx = RunContext.of(config_from_args(args))
+    ctx = context_from_args(args)
     report.write_report(ctx.output, ctx.storage)
     return EXIT_OK
 
@@ -162,8 +163,8 @@ def run_balance_report(args: argparse.Namespace) -> int:
     from mmpack_udfs.report import balance as balance_report
     from mmpack_udfs.report.pack_report import ReportError
 
-    config = load_config(args.config, args.overrides)
-    storage = RunContext.of(config).storage
+    ctx = resolve.load_run(args.config, args.overrides)
+    config, storage = ctx.config, ctx.storage
     if (args.out is None) == (args.index is None):
         raise ReportError("give exactly one of --out OUT and --index FILE.parquet")
     if args.out is not None:
@@ -193,7 +194,7 @@ def run_config(args: argparse.Namespace) -> int:
     """Print the configuration a run would use (or every key with its help)."""
     from mmpack_udfs.config import docs
 
-    config = load_config(args.config, args.overrides)
+    config = resolve.load_run(args.config, args.overrides).config
     print(docs.render_keys(config) if args.keys else docs.render_yaml(config), end="")
     return EXIT_OK
 

@@ -26,7 +26,7 @@ class Stage:
     run_options: tuple[str, ...] = ()
 
     def run(self, spark: Any, ctx: Any) -> dict[str, Any]:
-        """Run the stage in ``spark`` for the run context ``ctx`` (``io.context.RunContext``)."""
+        """Run the stage in ``spark`` for the run context ``ctx`` (``context.RunContext``)."""
         return importlib.import_module(self.module).run(spark, ctx)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mmpack_udfs.config import load_config
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.demo import data as demo_data
 from mmpack_udfs.demo import preference as preference_data
-from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.resolve import load_run
 
 # Fake credentials for the loopback S3 server, set before Spark starts so that its Python
 # workers inherit them.
@@ -67,14 +68,14 @@ def demo(tmp_path_factory) -> demo_data.DemoData:
 
 def demo_run(demo: demo_data.DemoData, output, *overrides: str) -> RunContext:
     """The run context of the demo's config writing to ``output``, with ``overrides``."""
-    return RunContext.of(load_config(demo.config, [f"output={output}", *overrides]))
+    return load_run(demo.config, [f"output={output}", *overrides])
 
 
 def with_datasets(ctx: RunContext, datasets: list[dict]) -> RunContext:
     """``ctx`` with its ``datasets`` replaced (entries as in a config file)."""
     from mmpack_udfs.config.loading import checked
 
-    return RunContext.of(checked({**ctx.config.as_dict(), "datasets": datasets}))
+    return ctx.with_config(checked({**ctx.config.as_dict(), "datasets": datasets}))
 
 
 def only_dataset(ctx: RunContext, name: str) -> RunContext:
@@ -88,9 +89,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def s3_server():
+@contextlib.contextmanager
+def moto_server(log=subprocess.DEVNULL):
     """A real S3 API (moto's server) on loopback, in its own process; yields its endpoint URL.
+    ``log``: where its request log goes (one line per HTTP request).
 
     Its own process, not a thread: delta-rs holds the GIL while it waits on HTTP, so an
     in-process server thread could never answer it.
@@ -100,7 +102,7 @@ def s3_server():
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
     )
     deadline = time.time() + 60
     while True:
@@ -111,9 +113,18 @@ def s3_server():
             if server.poll() is not None or time.time() > deadline:
                 raise RuntimeError("moto server did not start") from None
             time.sleep(0.2)
-    yield endpoint
-    server.terminate()
-    server.wait(timeout=30)
+    try:
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """The session's moto S3 server (``moto_server``); yields its endpoint URL."""
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -197,7 +208,7 @@ def preference_run(spark, preference_demo, tmp_path_factory) -> PreferenceRun:
     from mmpack_udfs.tokenize import stage as tokenize
 
     out = tmp_path_factory.mktemp("dpo-out")
-    ctx = RunContext.of(load_config(preference_demo.config, [f"output={out}", *PREFERENCE_SETTINGS]))
+    ctx = load_run(preference_demo.config, [f"output={out}", *PREFERENCE_SETTINGS])
     summaries = {name: stage.run(spark, ctx) for name, stage in
                  (("normalize", normalize), ("tokenize", tokenize), ("pack", pack))}  # fmt: skip
     return PreferenceRun(out, ctx, summaries)

@@ -7,9 +7,9 @@ import copy
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Protocol, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -22,8 +22,26 @@ OPEN_MAPS = FREE_FORM_KEYS | {"profiles", "balance.cost_model"}  # maps that acc
 MODEL_KEYS = f"profiles.{MODEL_PROFILE}."
 
 
-def load_config(config_file: str | os.PathLike | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Defaults, merged with ``config_file`` (if any), then ``key=value`` overrides; checked."""
+class ModelReading(Protocol):
+    """What reading a model directory gives the configuration (``families.model_dir``)."""
+
+    path: str  # the local directory (tokenize.tokenizer unless one is given)
+    kind: str  # the family
+    profile: dict[str, Any]  # the directory's settings of profiles.model
+
+
+ModelReader = Callable[[Config], ModelReading]
+
+
+def load_config(
+    config_file: str | os.PathLike | None = None,
+    overrides: Iterable[str] = (),
+    read_model: ModelReader | None = None,
+) -> Config:
+    """Defaults, merged with ``config_file`` (if any), then ``key=value`` overrides; checked.
+
+    With ``tokenize.model`` set, ``read_model`` reads that directory (``resolve.load_run``
+    passes it: configuration is data and reads no model itself)."""
     config = defaults()
     if config_file is not None:
         user = read_yaml(Path(config_file))
@@ -34,27 +52,27 @@ def load_config(config_file: str | os.PathLike | None = None, overrides: Iterabl
         config = merge(config, user, where=str(config_file))
     for item in overrides:
         config = apply_override(config, item)
-    return with_model(config)
+    return with_model(config, read_model)
 
 
-def with_model(data: dict[str, Any]) -> Config:
+def with_model(data: dict[str, Any], read_model: ModelReader | None = None) -> Config:
     """The checked config; with ``tokenize.model``, its profile ``profiles.model`` is the
-    directory's settings with the keys given under ``profiles.model`` over them, the tokenizer
-    is the directory's (unless ``tokenize.tokenizer`` names another), and the family's cost
-    model is ``balance.cost_model.model`` unless one is given."""
+    directory's settings (``read_model``) with the keys given under ``profiles.model`` over
+    them, the tokenizer is the directory's (unless ``tokenize.tokenizer`` names another), and
+    the family's cost model is ``balance.cost_model.model`` unless one is given."""
     if data["tokenize"].get("model") is None:
         if data["tokenize"].get("profile") == MODEL_PROFILE or MODEL_PROFILE in data["profiles"]:
             raise ConfigError(f"profiles.{MODEL_PROFILE} is built from tokenize.model, which is not set")
         return checked(data)
+    if read_model is None:
+        raise ConfigError(
+            "tokenize.model is read where a run starts: load the config with "
+            "mmpack_udfs.resolve.load_run (or load_config's read_model)"
+        )
     # first the keys the directory's reading needs (tokenize.model, s3), without the profile it makes
     profiles = {k: v for k, v in data["profiles"].items() if k != MODEL_PROFILE}
     tokenize = {**data["tokenize"], "profile": Config().tokenize.profile}
-    config = checked({**data, "profiles": profiles, "tokenize": tokenize})
-    from mmpack_udfs.families import model_dir
-    from mmpack_udfs.io import fs
-
-    storage = fs.Storage(fs.S3Options.from_config(config.s3))
-    found = model_dir.read(fs.normalize_uri(config.tokenize.model), storage)
+    found = read_model(checked({**data, "profiles": profiles, "tokenize": tokenize}))
     data = copy.deepcopy(data)
     data["profiles"][MODEL_PROFILE] = merge(
         found.profile,

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
-from mmpack_udfs.io.fs import S3_SCHEMES
+from mmpack_udfs.constants import S3_SCHEMES
 
 SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from mmpack_udfs.families.chat import CHAT_RENDERERS, LayoutElement
 from mmpack_udfs.reasons import Reason, Rejected
 
 
@@ -70,11 +71,6 @@ class IdleMedia:
     extra: Mapping[str, list] = field(default_factory=dict)  # int64 inputs (grids, sizes)
 
 
-# One element of a media item's token layout: ("token", "<|vision_start|>"), ("pad", n) for n
-# copies of the item's pad token, ("text", "<0.5 seconds>") for text encoded in place.
-LayoutElement = tuple[str, Any]
-
-
 class Family:
     """A model family's rendering rules. Subclasses decide the media token counts."""
 
@@ -101,8 +97,6 @@ class Family:
     bidirectional_media = False
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
-        from mmpack_udfs.families.chat import CHAT_RENDERERS
-
         self.name = name
         self.settings = settings
         self.default_system: str | None = settings.get("default_system") or None

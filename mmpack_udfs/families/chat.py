@@ -34,14 +34,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from mmpack_udfs.families.base import LayoutElement
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, MEDIA_PLACEHOLDER
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_response>", "</tool_response>"
 TEMPLATE_ROLE = {"function_call": "assistant"}
+
+# One element of a token layout (a turn's or a media item's): ("token", "<|vision_start|>"),
+# ("pad", n) for n copies of the item's pad token, ("text", "<0.5 seconds>") for text encoded
+# in place.
+LayoutElement = tuple[str, Any]
 
 
 @dataclass(frozen=True)

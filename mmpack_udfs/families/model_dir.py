@@ -6,8 +6,11 @@ setting comes from the processor configs, resolved as transformers resolves them
 processor class's defaults, then the file's keys (``size`` for the pixel limits, the
 older ``min_pixels``/``max_pixels`` keys over it). A directory without a video processor
 config gets the profile's own ``video`` defaults (qwen-vl-utils' values for Qwen2.5-VL),
-and the resolution says so in its ``notes``. An ``s3://`` directory is copied once to a
-local cache (``fetch``) on the driver and on each executor.
+and the resolution says so in its ``notes``. An ``s3://`` directory is listed once where a
+run starts and copied once to each machine's cache (``fetch``).
+
+This module reads files; a run resolves its model once (``mmpack_udfs.resolve``) and every
+stage takes the result from the run context.
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mmpack_udfs.config.model import LLAVA_PINPOINTS, MODEL_PROFILE, PROFILE_MODELS
+import pyarrow.fs as pafs
+
+from mmpack_udfs.config.model import LLAVA_PINPOINTS, PROFILE_MODELS
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import MODEL_TYPES
-from mmpack_udfs.io import fs
+from mmpack_udfs.io import cache, fs
 
 TEMPLATE_FILES = (
     "chat_template.jinja",
@@ -70,9 +76,14 @@ VIDEO_DEFAULTS = {
 }
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")  # never fetched: mmpack needs no weights
+RemoteFiles = tuple[tuple[str, int], ...]  # (name, size) of an s3:// directory's top-level files
+
+
 @dataclass(frozen=True)
 class ModelDirectory:
-    """What a model directory says: its family and the settings of its profile."""
+    """What a model directory says: its family, the settings of its profile, and how to find
+    its files again (an ``s3://`` one's listing, the digest of its content)."""
 
     path: str  # local directory (the cache copy of an s3:// one)
     source: str  # as configured
@@ -80,9 +91,12 @@ class ModelDirectory:
     kind: str  # the family
     profile: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    files: RemoteFiles = ()  # an s3:// source's files: executors fetch them without listing again
+    digest: str = ""  # cache.directory_key: its files' content and the tokenizer libraries' versions
 
     def record(self) -> dict[str, Any]:
-        """What the manifest and the run summary record of the model."""
+        """What the manifest and the run summary record of the model (with the run's chat
+        renderer, ``RunContext.model_record``)."""
         return {
             "source": self.source,
             "model_type": self.model_type,
@@ -91,18 +105,11 @@ class ModelDirectory:
         }
 
 
-def recorded(config) -> dict[str, Any] | None:
-    """What the run summary and the manifest record of ``tokenize.model`` (None without one):
-    its source, model type, family, chat renderer and the notes of its resolution."""
-    if config.tokenize.model is None:
-        return None
-    found = read(fs.normalize_uri(config.tokenize.model), fs.Storage(fs.S3Options.from_config(config.s3)))
-    return {**found.record(), "chat": config.profile.chat}
-
-
 def read(source: str, storage: fs.Storage = fs.LOCAL) -> ModelDirectory:
-    """Resolve a model directory (raises ConfigError naming what is missing or unsupported)."""
-    path = fetch(source, storage) if fs.is_s3(source) else source
+    """Resolve a model directory (raises ConfigError naming what is missing or unsupported).
+    The chat template's settings (``default_system``, ``chat``) are the resolver's to add."""
+    files = listing(source, storage) if fs.is_s3(source) else ()
+    path = fetch(source, storage, files) if files else source
     if not Path(path).is_dir():
         raise ConfigError(f"tokenize.model: there is no model directory at {source}")
     config = _json(path, "config.json", required=True)
@@ -122,37 +129,16 @@ def read(source: str, storage: fs.Storage = fs.LOCAL) -> ModelDirectory:
         )
     notes: list[str] = []
     profile = DIRECTORY_READERS.get(kind, _qwen_profile)(path, source, kind, config, notes)
-    profile.update(template_settings(path, source, profile))
-    return ModelDirectory(path, source, model_type, kind, profile, notes)
+    return ModelDirectory(path, source, model_type, kind, profile, notes, files, cache.directory_key(path))
 
 
-def template_settings(path: str, source: str, profile: Mapping[str, Any]) -> dict[str, str]:
-    """The profile keys the directory's chat template decides: its default system prompt and
-    the renderer that reproduces it (``tokenize.template_check``). Cached per directory
-    content, library versions and mmpack's renderers, like the tokenizer checks."""
-    from mmpack_udfs.tokenize import template_check
-    from mmpack_udfs.tokenize import tokenizer as tokenizers
-    from mmpack_udfs.tokenize.encoder import TokenizeSettings
+@lru_cache(maxsize=4)
+def load_tokenizer(path: str):
+    """The Hugging Face tokenizer at ``path`` (AutoTokenizer), loaded once per process."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
 
-    template = chat_template(path) or ""
-    code = "".join(Path(m.__file__).read_text() for m in _renderer_modules())
-    key = hashlib.sha256((tokenizers.directory_key(path) + code).encode()).hexdigest()
-
-    def check() -> dict[str, str]:
-        system = template_check.default_system(template)
-        settings = TokenizeSettings(
-            path, MODEL_PROFILE, {**profile, "default_system": system}, max_tokens=1 << 30
-        )
-        return {"default_system": system, "chat": template_check.chosen_renderer(settings, template, source)}
-
-    return tokenizers.cached_json(tokenizers.cache_dir() / "template-checks" / f"{key}.json", check)
-
-
-def _renderer_modules() -> list:
-    from mmpack_udfs.families import base, chat, internvl, llava_onevision, qwen_vl
-    from mmpack_udfs.tokenize import encoder, template_check
-
-    return [base, chat, internvl, llava_onevision, qwen_vl, encoder, template_check]
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
@@ -264,10 +250,8 @@ def _square_image_processor(
 def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str, token: str) -> int:
     """The tokenizer's id of ``token``, which config.json's ``key`` (e.g. ``image_token_id``) must
     be (the model puts the media features where it finds that id)."""
-    from mmpack_udfs.tokenize import tokenizer as tokenizers
-
     expected = config.get(key)
-    found = tokenizers.load(path).convert_tokens_to_ids(token)
+    found = load_tokenizer(path).convert_tokens_to_ids(token)
     if expected is not None and found != expected:
         raise ConfigError(
             f"tokenize.model: {source}: config.json {key} {expected} is not the tokenizer's {token} ({found})"
@@ -586,28 +570,32 @@ def _json(path: str, name: str, required: bool = False) -> dict | None:
     return data
 
 
-def fetch(uri: str, storage: fs.Storage) -> str:
-    """A local copy of an s3:// model directory's top-level files (not its weights), made once
-    per machine under the mmpack cache, keyed by the URI and the files' names and sizes."""
-    from mmpack_udfs.tokenize.tokenizer import cache_dir
+def listing(uri: str, storage: fs.Storage) -> RemoteFiles:
+    """(name, size) of an s3:// model directory's top-level files but its weights (one listing)."""
+    filesystem, path = storage.filesystem(uri)
+    infos = filesystem.get_file_info(pafs.FileSelector(path.rstrip("/"), allow_not_found=True))
+    return tuple(
+        sorted(
+            (info.base_name, info.size)
+            for info in infos
+            if info.type == pafs.FileType.File and not info.base_name.endswith(WEIGHT_SUFFIXES)
+        )
+    )
 
-    prefix = uri.rstrip("/") + "/"
-    listing = [
-        f"{name}:{storage.file_info(name).size}"
-        for name in storage.expand(uri)
-        if "/" not in name[len(prefix) :] and not name.endswith((".safetensors", ".bin", ".pt", ".pth"))
-    ]
-    if not listing:
+
+def fetch(uri: str, storage: fs.Storage, files: RemoteFiles) -> str:
+    """A local copy of the ``files`` (``listing``) of an s3:// model directory, made once per
+    machine under the mmpack cache, keyed by the URI and the files' names and sizes."""
+    if not files:
         raise ConfigError(f"tokenize.model: nothing at {uri}")
-    stamp = hashlib.sha256(json.dumps([uri, *sorted(listing)]).encode()).hexdigest()[:16]
-    target = cache_dir() / "models" / stamp
+    stamp = hashlib.sha256(json.dumps([uri, *sorted(f"{n}:{size}" for n, size in files)]).encode())
+    target = cache.cache_dir() / "models" / stamp.hexdigest()[:16]
     if target.is_dir():
         return str(target)
-    tmp = target.with_name(f"{stamp}.tmp{os.getpid()}")
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    for entry in listing:
-        name = entry.rsplit(":", 1)[0]
-        (tmp / name[len(prefix) :]).write_bytes(storage.read_bytes(name))
+    for name, _ in files:
+        (tmp / name).write_bytes(storage.read_bytes(fs.join(uri, name)))
     try:
         tmp.replace(target)
     except OSError:  # another process made it first

@@ -22,6 +22,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from mmpack_udfs.constants import S3_SCHEMES
+
 
 @dataclass(frozen=True)
 class S3Options:
@@ -41,9 +43,6 @@ class S3Options:
             return cls()
         values = section if isinstance(section, Mapping) else section.model_dump()
         return cls(**values)
-
-
-S3_SCHEMES = ("s3://", "s3a://", "s3n://")
 
 
 def is_s3(uri: str) -> bool:
@@ -90,7 +89,7 @@ def normalize_uri(uri: str) -> str:
 @dataclass(frozen=True)
 class Storage:
     """Every file access of a run: local paths and s3:// URIs, with one S3 setup. Resolved once
-    per run (``io.context.RunContext``); small, hashable and picklable, so it travels to
+    per run (``context.RunContext``); small, hashable and picklable, so it travels to
     executors inside a task and its S3 filesystem is built once per worker."""
 
     s3: S3Options = field(default_factory=S3Options)

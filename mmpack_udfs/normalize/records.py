@@ -19,7 +19,15 @@ import pyarrow as pa
 
 from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import media
-from mmpack_udfs.normalize.sharegpt import Blob, DatasetSpec, MediaRef, parse_record, sample_id
+from mmpack_udfs.normalize.preference import parse_preference
+from mmpack_udfs.normalize.sharegpt import (
+    Blob,
+    Conversation,
+    DatasetSpec,
+    MediaRef,
+    parse_conversation,
+    sample_id,
+)
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
 
@@ -28,6 +36,12 @@ if TYPE_CHECKING:
 
 LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 CHUNK_ROWS = 500  # records a task holds as Python objects at a time (Spark's batches: up to 10,000)
+
+
+def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
+    """Validate one decoded record; raise Rejected with a reason code if it is unusable. A
+    ranking dataset's record is a preference pair (``preference.parse_preference``)."""
+    return parse_preference(record, spec) if spec.ranking else parse_conversation(record, spec)
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ class RecordNormalizer:
             raise Rejected(Reason(reason), detail)
         record = parse_json(raw["raw"])
         spec = self.specs[raw["dataset"]]
-        conversation = parse_record(record, spec)  # a preference pair for a ranking dataset
+        conversation = parse_record(record, spec)
         found = [self._media(kind, ref, spec, raw.get("blobs") or []) for kind, ref in conversation.media]
         identities, infos = [identity for identity, _ in found], [info for _, info in found]
         return {

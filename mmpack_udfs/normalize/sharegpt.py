@@ -167,13 +167,9 @@ def detect_dialect(record: Mapping[str, Any], spec: DatasetSpec) -> str:
     return "sharegpt"
 
 
-def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
-    """Validate one decoded record; raise Rejected with a reason code if it is unusable. A
-    ranking dataset's record is a preference pair (``preference.parse_preference``)."""
-    if spec.ranking:
-        from mmpack_udfs.normalize.preference import parse_preference  # it imports this module
-
-        return parse_preference(record, spec)
+def parse_conversation(record: Any, spec: DatasetSpec) -> Conversation:
+    """Validate one decoded conversation record; raise Rejected with a reason code if it is
+    unusable (a ranking dataset's records are pairs: ``records.parse_record``)."""
     if not isinstance(record, dict):
         raise Rejected(Reason.MALFORMED_RECORD, f"expected an object, got {type(record).__name__}")
     dialect = detect_dialect(record, spec)

@@ -15,11 +15,11 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from mmpack_udfs import schemas
+from mmpack_udfs import runs, schemas
 from mmpack_udfs.config import Config, config_hash
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import ReconciliationError
-from mmpack_udfs.io import fs, runs, tables
-from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.normalize import datasets, inputs, records

@@ -35,13 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import mmpack_udfs
-from mmpack_udfs import schemas
+from mmpack_udfs import runs, schemas
 from mmpack_udfs.config import Config, config_hash
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import MmpackError
-from mmpack_udfs.families import model_dir
-from mmpack_udfs.io import fs, runs, tables
-from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import release_memory, releasing
 from mmpack_udfs.pack import costs, mix, pairs, shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
@@ -502,7 +501,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         eval_results = write_placement(spark, rows, eval_placement, settings, eval_root, shard_dir, storage)
         reconcile(eval_placement, eval_results)
         del eval_placement
-        eval_manifest = build_manifest(config, settings, run_id, source, eval_results, skipped=0)
+        eval_manifest = build_manifest(ctx, settings, run_id, source, eval_results, skipped=0)
         eval_manifest.update(split="eval", datasets=sorted(mix.dataset_names(counts)), preference=preference)
         eval_manifest["cost_index"] = write_cost_index(
             eval_root, shard_dir, eval_manifest, eval_results, storage
@@ -522,7 +521,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     release_memory()
     mixture = mix.summary(counts, chosen, over, conversations)
     check_rows(counts.num_rows, mixture)
-    manifest = build_manifest(config, settings, run_id, source, results, len(skipped))
+    manifest = build_manifest(ctx, settings, run_id, source, results, len(skipped))
     manifest.update(
         split="train", datasets=sorted(mixture), mix=mixture, eval=evaluation, preference=preference
     )
@@ -633,13 +632,14 @@ def check_rows(rows_in: int, mixture: Mapping[str, Mapping[str, int]]) -> None:
 
 
 def build_manifest(
-    config: Config,
+    ctx: RunContext,
     settings: PackSettings,
     run_id: str,
     source: dict[str, Any],
     results: list[dict],
     skipped: int,
 ) -> dict[str, Any]:
+    config = ctx.config
     shard_list = [r["written"] for r in sorted(results, key=lambda r: r["shard"])]
     tokens = sum(s["tokens"] for s in shard_list)
     bins = sum(s["rows"] for s in shard_list)
@@ -650,7 +650,7 @@ def build_manifest(
         "run_id": run_id,
         "source": source,
         "profile": config.tokenize.profile,
-        "model": model_dir.recorded(config),
+        "model": ctx.model_record(),
         "budget": settings.budget,
         "second_budget": {"by": settings.second_by, "max": settings.second_budget},
         "media_embedded": settings.embed_media,

@@ -32,8 +32,7 @@ import pyarrow as pa
 
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.errors import ConfigError
-from mmpack_udfs.families import Family, MediaPlan, make_family
-from mmpack_udfs.io import fs
+from mmpack_udfs.families import Family, MediaPlan, make_family, model_dir
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import MEDIA_PLACEHOLDER, PAIR_SIDES, TOKENIZED
 from mmpack_udfs.tokenize import fast
@@ -57,23 +56,25 @@ class TokenizeSettings:
     tokenizer_json: bool = False  # workers may load tokenizer.json alone (checked on the driver)
     fast_encoder: bool = False  # workers may encode with the tiktoken port (proven on the driver)
     model_source: str | None = None  # an s3:// tokenize.model: each machine fetches its own copy
+    model_files: model_dir.RemoteFiles = ()  # its files as the run start listed them
 
     def on_this_machine(self, storage) -> TokenizeSettings:
         """These settings with the tokenizer directory present on this machine: an s3:// model
-        directory is fetched to this machine's cache (once) when the driver's copy is not here."""
+        directory's listed files are fetched to this machine's cache (once) when the driver's
+        copy is not here."""
         if self.model_source is None or os.path.isdir(self.tokenizer_path):
             return self
-        from mmpack_udfs.families import model_dir
-
-        return dataclasses.replace(self, tokenizer_path=model_dir.fetch(self.model_source, storage))
+        path = model_dir.fetch(self.model_source, storage, self.model_files)
+        return dataclasses.replace(self, tokenizer_path=path)
 
     @classmethod
-    def from_config(cls, config: Config) -> TokenizeSettings:
-        """What the executors need of the checked config, with the tokenizer resolved and checked
-        against the profile (on the driver: a mismatch is a ConfigError, not an executor
-        traceback)."""
+    def from_config(cls, config: Config, model: model_dir.ModelDirectory | None = None) -> TokenizeSettings:
+        """What the executors need of the checked config (and the run's ``model`` directory),
+        with the tokenizer resolved and checked against the profile (on the driver: a mismatch
+        is a ConfigError, not an executor traceback)."""
         section = config.tokenize
         path = tokenizers.resolve_path(section.tokenizer)
+        remote = model is not None and bool(model.files) and path == model.path
         settings = cls(
             tokenizer_path=path,
             profile_name=section.profile,
@@ -82,7 +83,8 @@ class TokenizeSettings:
             over_length=section.over_length,
             loss=section.loss,
             tokenizer_json=tokenizers.json_matches_auto(path),
-            model_source=section.model if section.model and fs.is_s3(section.model) else None,
+            model_source=model.source if remote else None,
+            model_files=model.files if remote else (),
         )
         settings.check_tokenizer()
         return dataclasses.replace(

@@ -37,6 +37,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from mmpack_udfs.io.cache import cached_verdict
+
 
 @dataclass(frozen=True)
 class Bpe:
@@ -249,8 +251,6 @@ def verified(path: str, fallback: Any, key: str, cache: Path, extra: Sequence[st
     """Whether the fast encoder gives ``fallback``'s ids on the adversarial corpus (and
     ``extra``); the verdict is cached under ``cache`` by ``key`` (directory content and
     library versions)."""
-    from mmpack_udfs.tokenize.tokenizer import cached_verdict
-
     versions = "|".join(f"{p}={metadata.version(p)}" for p in ("tiktoken", "tokenizers"))
     texts = [*adversarial_corpus(), *extra, *_around_added_tokens(path)]
     corpus = hashlib.sha256(json.dumps([versions, *texts]).encode()).hexdigest()[:16]

@@ -25,12 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmpack_udfs import schemas
+from mmpack_udfs import runs, schemas
 from mmpack_udfs.config import Config
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import ReconciliationError
-from mmpack_udfs.families import model_dir
-from mmpack_udfs.io import fs, runs, tables
-from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.tokenize.encoder import TokenizeSettings, to_record_batch, worker_tokenizer
@@ -197,7 +196,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     config, storage, mode = ctx.config, ctx.storage, ctx.mode
     samples_uri = ctx.table("samples")
     out_uris = {name: ctx.table(name) for name in ("tokenized", "tokenize_quarantine")}
-    settings = TokenizeSettings.from_config(config)
+    settings = TokenizeSettings.from_config(config, ctx.model)
     samples_version, files = tables.data_files(samples_uri, storage)
     run_id = ctx.run_id or derive_run_id(config, samples_uri, samples_version, settings.tokenizer_path)
 
@@ -242,7 +241,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         "output": ctx.output,
         "samples_version": samples_version,
         "profile": settings.profile_name,
-        "model": model_dir.recorded(ctx.config),
+        "model": ctx.model_record(),
         "tokenizer": settings.tokenizer_path,
         "max_tokens": settings.max_tokens,
         "over_length": settings.over_length,

@@ -121,10 +121,10 @@ def chosen_renderer(settings, template: str, source: str) -> str:
     """The name of the family renderer that reproduces ``template`` on every probe; a
     ConfigError naming the first difference when none does."""
     from mmpack_udfs.families import make_family
-    from mmpack_udfs.tokenize import tokenizer as tokenizers
+    from mmpack_udfs.families.model_dir import load_tokenizer
     from mmpack_udfs.tokenize.encoder import SampleTokenizer
 
-    hf = tokenizers.load(settings.tokenizer_path)
+    hf = load_tokenizer(settings.tokenizer_path)
     family = make_family(settings.profile_name, settings.profile)
     differences = []
     for mode in family.chat_modes:

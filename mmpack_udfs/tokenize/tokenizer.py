@@ -17,17 +17,13 @@ workers encode with it (``tokenize/fast.py``), several times faster.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import shutil
-from collections.abc import Callable
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 
-from mmpack_udfs.io import fs
+from mmpack_udfs.families.model_dir import load_tokenizer
+from mmpack_udfs.io.cache import cache_dir, cached_verdict, directory_key
 
 QWEN2_VL_SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -67,10 +63,6 @@ QWEN2_VL_CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 BUILTIN_NAME = "qwen2-vl-builtin-v2"  # v2: NFC normalizer, as the real Qwen2 tokenizer
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MMPACK_CACHE", Path.home() / ".cache" / "mmpack"))
 
 
 def resolve_path(configured: str | None) -> str:
@@ -139,15 +131,6 @@ def build_qwen_tokenizer(
     return target
 
 
-@lru_cache(maxsize=4)
-def load(path: str):
-    """The Hugging Face tokenizer at ``path``, loaded once per process."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
 def load_backend(path: str, from_json: bool):
     """The ``tokenizers.Tokenizer`` that encodes for the directory ``path``, once per process:
     read from its tokenizer.json when ``from_json`` (see ``json_matches_auto``), else the
@@ -157,7 +140,7 @@ def load_backend(path: str, from_json: bool):
     what transformers does with ``split_special_tokens=True``): every control token of a
     sample is inserted by id, so a user who writes ``<|image_pad|>`` or ``<|im_start|>``
     can neither add vision slots nor open a fake turn."""
-    backend = load(path).backend_tokenizer if not from_json else _load_json(path)
+    backend = load_tokenizer(path).backend_tokenizer if not from_json else _load_json(path)
     backend.encode_special_tokens = True
     return backend
 
@@ -180,9 +163,6 @@ def fast_encoder_verified(path: str, from_json: bool) -> bool:
     return fast.verified(path, load_backend(path, from_json), key, cache_dir() / "tokenizer-checks")
 
 
-HASHED_FILE_BYTES = 64 * 2**20  # larger files (model weights) are identified by name and size
-
-
 def json_matches_auto(path: str) -> bool:
     """True when ``tokenizer.json`` in ``path`` builds the same tokenizer as AutoTokenizer
     (their serializations are equal). Checked once per directory content and library
@@ -193,42 +173,6 @@ def json_matches_auto(path: str) -> bool:
     return cached_verdict(
         verdict,
         "matches",
-        lambda: load(path).backend_tokenizer.to_str() == _load_json(path).to_str(),
+        lambda: load_tokenizer(path).backend_tokenizer.to_str() == _load_json(path).to_str(),
         path=str(path),
     )
-
-
-def cached_verdict(verdict: Path, name: str, check: Callable[[], bool], **facts: str) -> bool:
-    """The verdict ``name`` saved in the file ``verdict``, or ``check()``'s, saved there with
-    ``facts`` (atomically; a read-only cache only costs the check again next time)."""
-    return bool(cached_json(verdict, lambda: {**facts, name: check()})[name])
-
-
-def cached_json(path: Path, compute: Callable[[], dict]) -> dict:
-    """The JSON object saved at ``path``, or ``compute()``'s, saved there atomically (a
-    read-only cache only costs the computation again next time)."""
-    if path.exists():
-        return json.loads(path.read_text())
-    result = compute()
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(path)
-    return result
-
-
-def directory_key(path: str) -> str:
-    """A hash of what AutoTokenizer's result depends on: the directory's files and the
-    transformers and tokenizers versions."""
-    digest = hashlib.sha256()
-    for package in ("transformers", "tokenizers"):
-        digest.update(f"{package}={metadata.version(package)}\n".encode())
-    for file in sorted(Path(path).iterdir()):
-        if not file.is_file():
-            continue
-        size = file.stat().st_size
-        digest.update(f"{file.name}:{size}\n".encode())
-        if size <= HASHED_FILE_BYTES:
-            digest.update(fs.LOCAL.sha256_of(str(file))[0].encode())
-    return digest.hexdigest()

@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 
 from mmpack_udfs import schemas
 from mmpack_udfs.constants import IGNORE_INDEX
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs, tables
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.pack import costs, mix

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from loader import PackedDataset, collate_packed
-from mmpack_udfs.config import load_config
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.reasons import DESCRIPTIONS
+from mmpack_udfs.resolve import load_run
 from tests.corpus.build_corpus import build
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -29,7 +28,7 @@ def test_the_corpus_goes_through_the_pipeline_and_the_loader(spark, tmp_path, ca
     corpus = build(tmp_path / "corpus")
     assert len(corpus.kinds) >= 60 and len(set(corpus.kinds)) == len(corpus.kinds)
     settings = [f"output={tmp_path / 'out'}", "pack.budget=400", "pack.oversize=skip"]  # several bins
-    config = RunContext.of(load_config(corpus.config, settings))
+    config = load_run(corpus.config, settings)
     documented = {str(reason) for reason in DESCRIPTIONS}
 
     normalized = normalize.run(spark, config)  # raises unless read = samples + quarantined + duplicates

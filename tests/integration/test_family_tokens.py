@@ -26,11 +26,10 @@ import pytest
 import torch
 
 from loader import PackedDataset, collate_packed
+from mmpack_udfs.families.model_dir import load_tokenizer
 from mmpack_udfs.io import tables
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.schemas import table_uri
-from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.validate import stage as validate
 from tests.conftest import FAMILY_MODELS, PACKED_DEMO_SETTINGS, demo_run
 from tests.loader.test_model_parity import sample_media
@@ -86,7 +85,7 @@ def oracle_references(run, oracle, tmp: Path) -> tuple[list[dict], dict[str, dic
     rows = tables.read_arrow(table_uri(str(run.output), "tokenized")).to_pylist()
     uris = sorted({m["uri"] for r in rows for m in samples[r["sample_id"]]["media"] if m["kind"] == "video"})
     videos = video_references(run, uris, tmp)
-    hf = tokenizers.load(str(run.model_dir))
+    hf = load_tokenizer(str(run.model_dir))
     refs = {
         r["sample_id"]: oracle.reference(
             run.model_dir, hf, samples[r["sample_id"]], lambda m: videos[m["uri"]]
@@ -113,7 +112,7 @@ def references(family_run, tmp_path_factory):
                 {m["uri"] for r in rows for m in samples[r["sample_id"]]["media"] if m["kind"] == "video"}
             )
             videos = video_references(run, uris, tmp_path_factory.mktemp(f"videos-{name}"))
-            hf = tokenizers.load(str(run.model_dir))
+            hf = load_tokenizer(str(run.model_dir))
 
             def video(m):
                 return {**videos[m["uri"]], "grid": videos[m["uri"]]["grid"]}
@@ -234,4 +233,4 @@ def test_validate_accepts_every_familys_shards_and_catches_a_moved_pad(spark, fa
     (broken / "packed" / "manifest.json").write_text(json.dumps(manifest))
     config = run.ctx.config.model_copy(update={"output": str(broken)})
     with pytest.raises(validate.ValidationError, match="a span holds ids other than its pad id"):
-        validate.run(spark, RunContext.of(config))
+        validate.run(spark, run.ctx.with_config(config))

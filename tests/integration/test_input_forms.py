@@ -16,9 +16,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from mmpack_udfs.config import load_config
 from mmpack_udfs.io import tables
-from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.schemas import table_uri
 
 pytestmark = pytest.mark.spark
@@ -94,7 +93,7 @@ def config_file(folder: Path, datasets: list[dict], name: str = "mmpack.yaml") -
 def run(spark, config: Path, out: Path, *stages: str, overrides: tuple[str, ...] = ()) -> list[dict]:
     from mmpack_udfs.pipeline import stage
 
-    ctx = RunContext.of(load_config(config, [f"output={out}", *overrides]))
+    ctx = load_run(config, [f"output={out}", *overrides])
     return [stage(name).run(spark, ctx) for name in stages]
 
 

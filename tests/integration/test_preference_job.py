@@ -18,8 +18,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from loader import PackedDataset, collate_packed
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.io import fs, tables
-from mmpack_udfs.io.context import RunContext
 from mmpack_udfs.reasons import PREFERENCE_REASONS
 from mmpack_udfs.validate import stage as validate
 
@@ -142,7 +142,7 @@ def test_weights_and_the_eval_split_move_whole_pairs_and_validate(spark, prefere
     shutil.copytree(preference_run.output / "tables", out / "tables")
     config = preference_run.ctx.config.as_dict()
     datasets = [{**d, "weight": 2.0} if d["name"] == "trl" else d for d in config["datasets"]]
-    ctx = RunContext.of(
+    ctx = preference_run.ctx.with_config(
         checked({**config, "datasets": datasets, "output": str(out), "eval": {"fraction": 0.25}})
     )
     pack.run(spark, ctx)

@@ -95,7 +95,7 @@ KILLED_BETWEEN_COMMITS = """
 import json, os, signal, sys
 from mmpack_udfs.io import tables
 from mmpack_udfs.config.loading import checked
-from mmpack_udfs.io.context import RunContext
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.io.spark import get_spark
 from mmpack_udfs.tokenize import stage as tokenize
 config = checked(json.loads(open(sys.argv[1]).read()))

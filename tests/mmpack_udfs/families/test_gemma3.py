@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from loader import vision
-from mmpack_udfs.config import load_config
-from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.families.model_dir import load_tokenizer
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 from tests.mmpack_udfs.families.test_model_dir import refusal
 from tests.models.build import build_model_dir
@@ -41,13 +41,13 @@ def images(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tok(published) -> SampleTokenizer:
-    config = load_config(None, [f"tokenize.model={published}", "tokenize.max_tokens=100000"])
+    config = load_run(None, [f"tokenize.model={published}", "tokenize.max_tokens=100000"]).config
     return SampleTokenizer(TokenizeSettings.from_config(config))
 
 
 @pytest.fixture(scope="module")
 def hf(published):
-    return tokenizers.load(str(published))
+    return load_tokenizer(str(published))
 
 
 def sample(turns, items, system=None) -> dict:

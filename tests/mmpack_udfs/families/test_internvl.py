@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
-from mmpack_udfs.config import load_config
 from mmpack_udfs.families.internvl import got_ocr2_grid
-from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.families.model_dir import load_tokenizer
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 from tests.mmpack_udfs.families.test_model_dir import refusal
 from tests.models.build import build_model_dir
@@ -40,7 +40,7 @@ def every_frame(tmp_path_factory):
 
 
 def tokenizer_of(directory, **overrides):
-    config = load_config(None, [f"tokenize.model={directory}", "tokenize.max_tokens=100000"])
+    config = load_run(None, [f"tokenize.model={directory}", "tokenize.max_tokens=100000"]).config
     for key, value in overrides.items():
         config.profiles["model"].video.__setattr__(key, value)
     return SampleTokenizer(TokenizeSettings.from_config(config)), config
@@ -92,7 +92,7 @@ def test_every_frame_videos_and_frame_labels_after_text_are_the_processors(every
     media = [item(kind, frames[i % 3]) for i, kind in enumerate(kinds)]
     (row,), quarantined = tok.tokenize([sample(turns, media)])
     assert not quarantined
-    hf = tokenizers.load(str(every_frame))
+    hf = load_tokenizer(str(every_frame))
     wrapper = oracle.processor(every_frame, hf)
     template = (every_frame / "chat_template.jinja").read_text()
     text = hf.apply_chat_template(

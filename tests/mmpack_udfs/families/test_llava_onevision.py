@@ -14,8 +14,8 @@ from PIL import Image
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn
 
 from loader import vision
-from mmpack_udfs.config import load_config
-from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.families.model_dir import load_tokenizer
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 from tests.mmpack_udfs.families.test_model_dir import refusal
 from tests.models.build import build_model_dir
@@ -36,7 +36,7 @@ def published(tmp_path_factory):
 
 def tokenizer_of(directory, *overrides: str, num_frames: int | None = None):
     """The directory's tokenizer; ``num_frames``: its video processor set to sample that many."""
-    config = load_config(None, [f"tokenize.model={directory}", "tokenize.max_tokens=100000", *overrides])
+    config = load_run(None, [f"tokenize.model={directory}", "tokenize.max_tokens=100000", *overrides]).config
     if num_frames:
         config.profiles["model"].video.do_sample_frames = True
         config.profiles["model"].video.num_frames = num_frames
@@ -57,7 +57,7 @@ def test_image_tokens_are_the_processors_alone_and_among_several(published):
     assert (config.profile.kind, config.profile.chat, config.profile.default_system) == (
         "llava_onevision", "llava_onevision", "",
     )  # fmt: skip
-    wrapper = oracle.processor(published, tokenizers.load(str(published)))
+    wrapper = oracle.processor(published, load_tokenizer(str(published)))
     crop = np.zeros((1, 1, 3, 384, 384))
     for height, width in SIZES:
         alone = tok.profile.plans([media("image", width, height)])
@@ -123,7 +123,7 @@ def test_media_first_turns_are_the_processors(published, turns):
     items = [media(kind, 300 + 100 * i, 200, frames=6) for i, kind in enumerate(kinds)]
     (row,), quarantined = tok.tokenize([sample(turns, items)])
     assert not quarantined
-    hf = tokenizers.load(str(published))
+    hf = load_tokenizer(str(published))
     wrapper = oracle.processor(published, hf)
     template = (published / "chat_template.jinja").read_text()
     text = hf.apply_chat_template(messages(None, sample(turns, items)["turns"]), chat_template=template,

@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from mmpack_udfs import cli
-from mmpack_udfs.config import load_config
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import model_dir
+from mmpack_udfs.resolve import load_run
 from tests.models.build import MODELS, build_model_dir
 
 
@@ -41,7 +41,7 @@ def copy_of(built, name, tmp_path):
     ],
 )
 def test_each_published_directory_resolves_to_its_family_and_renderer(built, name, kind, chat, system):
-    config = load_config(None, [f"tokenize.model={built[name]}"])
+    config = load_run(None, [f"tokenize.model={built[name]}"]).config
     profile = config.profiles["model"]
     assert (config.tokenize.profile, profile.kind, profile.chat, profile.default_system) == (
         "model",
@@ -54,7 +54,7 @@ def test_each_published_directory_resolves_to_its_family_and_renderer(built, nam
 
 
 def test_processor_values_come_from_the_files(built):
-    qwen25 = load_config(None, [f"tokenize.model={built['qwen2_5_vl']}"]).profiles["model"]
+    qwen25 = load_run(None, [f"tokenize.model={built['qwen2_5_vl']}"]).config.profiles["model"]
     assert (qwen25.vision.patch_size, qwen25.image.min_pixels, qwen25.image.max_pixels) == (
         14,
         3136,
@@ -66,28 +66,28 @@ def test_processor_values_come_from_the_files(built):
     assert any(
         "no video_preprocessor_config.json" in n for n in model_dir.read(str(built["qwen2_5_vl"])).notes
     )
-    qwen3 = load_config(None, [f"tokenize.model={built['qwen3_vl']}"]).profiles["model"]
+    qwen3 = load_run(None, [f"tokenize.model={built['qwen3_vl']}"]).config.profiles["model"]
     assert (qwen3.vision.patch_size, qwen3.image.min_pixels, qwen3.image.max_pixels) == (16, 65536, 16777216)
     assert (qwen3.video.min_pixels, qwen3.video.max_pixels, qwen3.image.mean) == (4096, 25165824, [0.5] * 3)
 
 
 def test_keys_under_profiles_model_override_the_directory(built):
-    config = load_config(
+    config = load_run(
         None, [f"tokenize.model={built['qwen3_vl']}", "profiles.model.image.max_pixels=100000"]
-    )
+    ).config
     assert config.profiles["model"].image.max_pixels == 100000
     two = ["profiles.model.video.fps=1", "profiles.model.video.max_frames=8"]  # one section, two --set
-    video = load_config(None, [f"tokenize.model={built['qwen3_vl']}", *two]).profiles["model"].video
+    video = load_run(None, [f"tokenize.model={built['qwen3_vl']}", *two]).config.profiles["model"].video
     assert (video.fps, video.max_frames) == (1, 8)
     with pytest.raises(ConfigError, match=r"unknown config key 'profiles\.model\.image\.nope'"):
-        load_config(None, [f"tokenize.model={built['qwen3_vl']}", "profiles.model.image.nope=1"])
+        load_run(None, [f"tokenize.model={built['qwen3_vl']}", "profiles.model.image.nope=1"])
 
 
 def test_min_and_max_pixels_keys_win_over_size(built, tmp_path):
     target = copy_of(built, "qwen3_vl", tmp_path)
     settings = json.loads((target / "preprocessor_config.json").read_text())
     (target / "preprocessor_config.json").write_text(json.dumps({**settings, "max_pixels": 200704}))
-    assert load_config(None, [f"tokenize.model={target}"]).profiles["model"].image.max_pixels == 200704
+    assert load_run(None, [f"tokenize.model={target}"]).config.profiles["model"].image.max_pixels == 200704
 
 
 def refusal(directory, file: str, changes: dict, tmp_path, capsys, monkeypatch) -> str:
@@ -136,7 +136,7 @@ def test_a_template_no_renderer_reproduces_is_refused_naming_the_difference(buil
         template.replace("'<|im_start|>' + message.role + '\\n'", "'<|im_start|>' + message.role + ':\\n'")
     )
     with pytest.raises(ConfigError, match="does not reproduce") as info:
-        load_config(None, [f"tokenize.model={target}"])
+        load_run(None, [f"tokenize.model={target}"])
     assert "differs at token" in str(info.value)
 
 
@@ -145,9 +145,9 @@ def test_a_changed_default_system_prompt_is_the_templates(built, tmp_path):
     data = json.loads((target / "chat_template.json").read_text())
     data["chat_template"] = data["chat_template"].replace("You are a helpful assistant.", "Be terse.")
     (target / "chat_template.json").write_text(json.dumps(data))
-    assert load_config(None, [f"tokenize.model={target}"]).profiles["model"].default_system == "Be terse."
+    assert load_run(None, [f"tokenize.model={target}"]).config.profiles["model"].default_system == "Be terse."
 
 
 def test_profile_model_without_a_model_directory_is_an_error():
     with pytest.raises(ConfigError, match=r"tokenize\.model, which is not set"):
-        load_config(None, ["tokenize.profile=model"])
+        load_run(None, ["tokenize.profile=model"])

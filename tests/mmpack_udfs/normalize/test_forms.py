@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from mmpack_udfs.normalize import inputs, media, records
-from mmpack_udfs.normalize.sharegpt import BLOB_KEY, Blob, DatasetSpec, parse_record
+from mmpack_udfs.normalize.records import parse_record
+from mmpack_udfs.normalize.sharegpt import BLOB_KEY, Blob, DatasetSpec
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE
 

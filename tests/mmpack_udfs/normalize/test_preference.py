@@ -12,7 +12,8 @@ from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.normalize import media, records
 from mmpack_udfs.normalize.datasets import specs_of
 from mmpack_udfs.normalize.preference import parse_preference
-from mmpack_udfs.normalize.sharegpt import Conversation, DatasetSpec, parse_record, sample_id
+from mmpack_udfs.normalize.records import parse_record
+from mmpack_udfs.normalize.sharegpt import Conversation, DatasetSpec, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_SAMPLE
 

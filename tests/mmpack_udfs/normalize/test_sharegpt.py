@@ -2,7 +2,8 @@ import pytest
 
 from mmpack_udfs.config.model import DatasetConfig
 from mmpack_udfs.normalize.datasets import specs_of
-from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record, sample_id
+from mmpack_udfs.normalize.records import parse_record
+from mmpack_udfs.normalize.sharegpt import DatasetSpec, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 
 SPEC = DatasetSpec(name="d", paths=("x.jsonl",), media_root="/media")

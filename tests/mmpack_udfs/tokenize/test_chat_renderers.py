@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from mmpack_udfs.config import load_config
 from mmpack_udfs.families import model_dir
-from mmpack_udfs.tokenize import tokenizer as tokenizers
+from mmpack_udfs.families.model_dir import load_tokenizer
+from mmpack_udfs.resolve import load_run
 from mmpack_udfs.tokenize.encoder import IGNORE, SampleTokenizer, TokenizeSettings
 from mmpack_udfs.tokenize.template_check import _template_plan, template_ids
 from tests.models.build import build_model_dir
@@ -25,9 +25,9 @@ def renderers(tmp_path_factory):
     out = {}
     for name in DIRECTORIES:
         path = build_model_dir(name, root / name)
-        config = load_config(None, [f"tokenize.model={path}", "tokenize.max_tokens=1000000"])
+        config = load_run(None, [f"tokenize.model={path}", "tokenize.max_tokens=1000000"]).config
         tokenizer = SampleTokenizer(TokenizeSettings.from_config(config))
-        out[name] = (tokenizer, tokenizers.load(str(path)), model_dir.chat_template(str(path)))
+        out[name] = (tokenizer, load_tokenizer(str(path)), model_dir.chat_template(str(path)))
     return out
 
 

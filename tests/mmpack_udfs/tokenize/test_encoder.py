@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mmpack_udfs.config import load_config
-from mmpack_udfs.normalize.sharegpt import DatasetSpec, parse_record
+from mmpack_udfs.families.model_dir import load_tokenizer
+from mmpack_udfs.normalize.records import parse_record
+from mmpack_udfs.normalize.sharegpt import DatasetSpec
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.tokenize.encoder import IGNORE, SampleTokenizer, TokenizeSettings
 from tests.oracles import qwen2_vl as oracle
@@ -27,7 +29,7 @@ def make_tokenizer(**overrides) -> SampleTokenizer:
 
 def auto_tokenizer(tok: SampleTokenizer):
     """The oracle: transformers' AutoTokenizer for the same directory."""
-    return tokenizers.load(tok.settings.tokenizer_path)
+    return load_tokenizer(tok.settings.tokenizer_path)
 
 
 @pytest.fixture(scope="module")

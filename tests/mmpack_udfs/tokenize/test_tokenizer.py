@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mmpack_udfs.config import load_config
+from mmpack_udfs.families.model_dir import load_tokenizer
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 
@@ -42,7 +43,7 @@ def with_extra_token(source: str, target: Path) -> str:
 
 def test_the_builtin_tokenizer_json_is_what_autotokenizer_builds(builtin, private_cache):
     assert tokenizers.json_matches_auto(builtin)
-    auto = tokenizers.load(builtin).backend_tokenizer
+    auto = load_tokenizer(builtin).backend_tokenizer
     assert tokenizers.load_backend(builtin, True).to_str() == auto.to_str()
 
 
@@ -67,7 +68,7 @@ def test_the_verdict_is_cached_per_directory_content(builtin, private_cache, tmp
     def no_autotokenizer(_path):
         raise AssertionError("AutoTokenizer loaded although the verdict is cached")
 
-    monkeypatch.setattr(tokenizers, "load", no_autotokenizer)
+    monkeypatch.setattr(tokenizers, "load_tokenizer", no_autotokenizer)
     assert tokenizers.json_matches_auto(str(path))
     (path / "tokenizer_config.json").write_text("{}")  # new content: a new check
     with pytest.raises(AssertionError, match="verdict is cached"):

@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from mmpack_udfs.context import RunContext
 from mmpack_udfs.io import tables
-from mmpack_udfs.io.context import RunContext
 
 
 def run_id_from(stage: str, facts: Mapping[str, Any]) -> str:
