@@ -101,8 +101,11 @@ def flash_cpu():
     register_attentions()
 
 
-def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
-    """Small multi-sample bins: an image bin beside a video bin, and one more image bin."""
+@pytest.fixture(scope="module")
+def micro_batches(internvl) -> list[list[dict]]:
+    """Small multi-sample bins: an image bin beside a video bin, and one more image bin (read
+    once for every attention)."""
+    packed, rows = internvl[0].output / "packed", internvl[1]
     videos = {r["sample_id"] for r in rows if any(m["kind"] == "video" for m in r["media"])}
     bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]
     bins.sort(key=lambda b: len(b["input_ids"]))
@@ -113,14 +116,13 @@ def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_varlen_cpu", "mmpack_varlen"])
-def test_packed_equals_each_sample_alone(flash_cpu, internvl, attention):
-    run, rows = internvl[0], internvl[1]
+def test_packed_equals_each_sample_alone(flash_cpu, micro_batches, attention):
     model = with_attention(tiny_models().tiny_model("internvl", seed=3), attention)
     if attention == "flash_varlen_cpu":  # the language model's; the vision tower's stays SDPA
         model.config.vision_config._attn_implementation_internal = "sdpa"
     CALLS.clear()
     checked = text_layers = 0
-    for bins in micro_batches(run.output / "packed", rows):
+    for bins in micro_batches:
         batch = collate_packed(bins)
         assert "cu_seq_lens_q" not in batch  # InternVL hands its kwargs on to the vision tower
         KERNEL_CALLS.clear()

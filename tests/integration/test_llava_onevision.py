@@ -127,9 +127,11 @@ def test_packed_samples_have_transformers_pixels_sizes_and_positions(llava):
     assert checked["image"] >= 20 and checked["video"] >= 3, checked
 
 
-def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
+@pytest.fixture(scope="module")
+def micro_batches(llava) -> list[list[dict]]:
     """Small multi-sample bins: an image bin beside a video bin, and a bin with a multi-image
-    sample."""
+    sample (read once for every attention)."""
+    packed, rows = llava[0].output / "packed", llava[1]
     videos = {r["sample_id"] for r in rows if any(m["kind"] == "video" for m in r["media"])}
     multi = {r["sample_id"] for r in rows if sum(m["kind"] == "image" for m in r["media"]) > 1}
     bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]
@@ -141,13 +143,13 @@ def micro_batches(packed, rows: list[dict]) -> list[list[dict]]:
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager", "mmpack_varlen"])
-def test_packed_equals_each_sample_alone(llava, attention):
-    run, rows = llava[0], llava[1]
+def test_packed_equals_each_sample_alone(llava, micro_batches, attention):
+    rows = llava[1]
     register_attentions()
     model = with_attention(tiny_models().tiny_model("llava_onevision", seed=3), attention)
     crops_of = crops_per_sample(rows)
     checked = 0
-    for bins in micro_batches(run.output / "packed", rows):
+    for bins in micro_batches:
         batch = collate_packed(bins)
         KERNEL_CALLS.clear()
         with torch.no_grad():

@@ -12,8 +12,10 @@ boundaries (``seq_idx``, ``cu_seq_lens_q``) packed equals alone.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,9 +51,10 @@ def flash_cpu():
     register_attentions()
 
 
-def micro_batches(packed) -> list[list[dict]]:
+@functools.cache
+def micro_batches(packed: Path) -> list[list[dict]]:
     """Micro-batches of small multi-sample bins: an image bin beside a video bin, and one more
-    image bin (≥ 6 samples)."""
+    image bin (≥ 6 samples); read once per pack for every attention and test."""
     bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]
     bins.sort(key=lambda b: len(b["input_ids"]))
     video = next(b for b in bins if "pixel_values_videos" in b)
