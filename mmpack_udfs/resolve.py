@@ -19,10 +19,12 @@ from pathlib import Path
 from mmpack_udfs.config import Config, load_config
 from mmpack_udfs.config.model import MODEL_PROFILE
 from mmpack_udfs.context import RunContext
-from mmpack_udfs.families import model_dir
+from mmpack_udfs.families import base, chat, gemma3, internvl, llava_onevision, model_dir, qwen_vl
 from mmpack_udfs.io import cache, fs
-from mmpack_udfs.tokenize import template_check
-from mmpack_udfs.tokenize.encoder import TokenizeSettings
+from mmpack_udfs.tokenize import encoder, template_check
+
+# the code a template verdict depends on (the cache key): the families' renderers and layouts
+RENDERER_MODULES = (base, chat, gemma3, internvl, llava_onevision, qwen_vl, encoder, template_check)
 
 
 def load_run(config_file: str | os.PathLike | None = None, overrides=()) -> RunContext:
@@ -51,12 +53,12 @@ def template_settings(found: model_dir.ModelDirectory) -> dict[str, str]:
     the renderer that reproduces it (``tokenize.template_check``). Cached per directory
     content, library versions and mmpack's renderers, like the tokenizer checks."""
     template = model_dir.chat_template(found.path) or ""
-    code = "".join(Path(m.__file__).read_text() for m in _renderer_modules())
+    code = "".join(Path(m.__file__).read_text() for m in RENDERER_MODULES)
     key = hashlib.sha256((found.digest + code).encode()).hexdigest()
 
     def check() -> dict[str, str]:
         system = template_check.default_system(template)
-        settings = TokenizeSettings(
+        settings = encoder.TokenizeSettings(
             found.path, MODEL_PROFILE, {**found.profile, "default_system": system}, max_tokens=1 << 30
         )
         return {
@@ -65,10 +67,3 @@ def template_settings(found: model_dir.ModelDirectory) -> dict[str, str]:
         }
 
     return cache.cached_json(cache.cache_dir() / "template-checks" / f"{key}.json", check)
-
-
-def _renderer_modules() -> list:
-    from mmpack_udfs.families import base, chat, internvl, llava_onevision, qwen_vl
-    from mmpack_udfs.tokenize import encoder
-
-    return [base, chat, internvl, llava_onevision, qwen_vl, encoder, template_check]

@@ -109,7 +109,7 @@ def read(source: str, storage: fs.Storage = fs.LOCAL) -> ModelDirectory:
     """Resolve a model directory (raises ConfigError naming what is missing or unsupported).
     The chat template's settings (``default_system``, ``chat``) are the resolver's to add."""
     files = listing(source, storage) if fs.is_s3(source) else ()
-    path = fetch(source, storage, files) if files else source
+    path = fetch(source, storage, files) if fs.is_s3(source) else source  # an empty listing: "nothing at"
     if not Path(path).is_dir():
         raise ConfigError(f"tokenize.model: there is no model directory at {source}")
     config = _json(path, "config.json", required=True)
