@@ -84,10 +84,7 @@ def samples_of(batch: PackedBatch) -> list[dict[str, torch.Tensor]]:
     """Each sample of a one-bin batch as its own inputs: ids, labels, its images' and videos'
     patches and grids (in order, by their pad tokens)."""
     cu, ids = batch.meta["cu_seq_lens"], batch["input_ids"][0]
-    out = [
-        {"input_ids": ids[a:b], "labels": batch["labels"][0, a:b]}
-        for a, b in itertools.pairwise(cu)
-    ]
+    out = [{"input_ids": ids[a:b], "labels": batch["labels"][0, a:b]} for a, b in itertools.pairwise(cu)]
     for pad, pixels_key, grid_key in ((IMAGE_PAD, "pixel_values", "image_grid_thw"),
                                       (VIDEO_PAD, "pixel_values_videos", "video_grid_thw")):  # fmt: skip
         if grid_key not in batch:
@@ -141,13 +138,13 @@ def padded_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch
 
 
 def measure(model, steps: Sequence[Any], loss: Callable, device: torch.device) -> dict[str, Any]:
-    """Forward + backward of every step (the first once more beforehand, not timed): seconds and
-    peak memory; "out of memory" when a step does not fit."""
+    """Forward + backward of every step (on a GPU the first once more beforehand, not timed: its
+    kernels' warm-up): seconds and peak memory; "out of memory" when a step does not fit."""
     cuda = device.type == "cuda"
     try:
-        loss(model, steps[0]).backward()
-        model.zero_grad(set_to_none=True)
         if cuda:
+            loss(model, steps[0]).backward()
+            model.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
@@ -285,7 +282,7 @@ def main() -> None:
     parser.add_argument("--vision-blocks", type=int, default=8)
     parser.add_argument("--workers", type=int, default=8, help="loader workers for the feed rate")
     args = parse_with_smoke(
-        parser, demo_samples=60, budget=None, bins=2, parity_bins=1, batch_sizes=[2], workers=0
+        parser, demo_samples=60, budget=None, bins=1, parity_bins=1, batch_sizes=[2], workers=0
     )  # the smoke run reads bench_loader's smoke demo (loader-demo: 60 samples, the CLI's budget)
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")

@@ -28,6 +28,7 @@ os.environ.update(
     AWS_EC2_METADATA_DISABLED="true",
 )
 
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs the SparkSession (its fixtures do) is a ``spark`` test, marked or not:
     ``make test-fast`` (``-m "not spark and not slow"``) never starts Spark."""
@@ -166,6 +167,10 @@ PACKED_DEMO_SETTINGS = (
     "pack.oversize=skip",
     "pack.bins_per_row_group=2",
 )
+# The parity tests' bins: a tiny model's forward costs its tokens × the real vocabulary (the
+# logits and the loss), and each sample runs again alone.
+PARITY_BUDGET = 1024
+TILED_PARITY_BUDGET = 2048  # InternVL, LLaVA-OneVision: a tile is 256 tokens, the demo's videos ≥ 853
 
 
 def set_args(settings) -> list[str]:
@@ -180,6 +185,17 @@ def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
 
     out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("packed-demo"))
     pack.run(spark, demo_run(demo, out, *PACKED_DEMO_SETTINGS))
+    return out
+
+
+@pytest.fixture(scope="session")
+def parity_demo(spark, demo, packed_demo, tmp_path_factory):
+    """``packed_demo``'s samples packed again into PARITY_BUDGET-token bins (longer ones
+    skipped): the small bins of the parity tests' forwards."""
+    from mmpack_udfs.pack import stage as pack
+
+    out = fresh_output(packed_demo, tmp_path_factory.mktemp("parity-demo"))
+    pack.run(spark, demo_run(demo, out, *PACKED_DEMO_SETTINGS, f"pack.budget={PARITY_BUDGET}"))
     return out
 
 
@@ -227,25 +243,39 @@ class FamilyRun:
     ctx: RunContext
 
 
-@pytest.fixture(scope="session")
-def family_run(spark, demo, tokenized_demo, tmp_path_factory):
-    """``family_run(name)``: the demo tokenized with the model directory ``name``
-    (tests/models/build.py) and packed into small bins; built on first use."""
+def family_runs(spark, demo: demo_data.DemoData, tokenized: Path, tmp_path_factory, prefix: str):
+    """``run(name)``: ``demo`` (its tables under ``tokenized``) tokenized with the model
+    directory ``name`` (tests/models/build.py) and packed into small bins; built on first use."""
     from mmpack_udfs.pack import stage as pack
     from mmpack_udfs.tokenize import stage as tokenize
     from tests.models.build import build_model_dir
 
-    runs: dict[str, FamilyRun] = {}
+    runs: dict[tuple[str, int | None], FamilyRun] = {}
 
-    def run(name: str) -> FamilyRun:
-        if name not in runs:
-            root = tmp_path_factory.mktemp(f"family-{name}")
+    def run(name: str, budget: int | None = None) -> FamilyRun:
+        """``budget``: the same tokenized samples packed again into bins of that many tokens
+        (longer samples skipped), e.g. small bins for the parity tests' forwards."""
+        if (name, None) not in runs:
+            root = tmp_path_factory.mktemp(f"{prefix}-{name}")
             model = build_model_dir(name, root / "model")
-            out = fresh_output(tokenized_demo, root)
+            out = fresh_output(tokenized, root)
             ctx = demo_run(demo, out, f"tokenize.model={model}", *PACKED_DEMO_SETTINGS)
             tokenize.run(spark, ctx)
             pack.run(spark, ctx)
-            runs[name] = FamilyRun(name, model, out, ctx)
-        return runs[name]
+            runs[name, None] = FamilyRun(name, model, out, ctx)
+        if (name, budget) not in runs:
+            full = runs[name, None]
+            out = fresh_output(full.output, tmp_path_factory.mktemp(f"{prefix}-{name}-{budget}"))
+            ctx = demo_run(demo, out, f"tokenize.model={full.model_dir}", *PACKED_DEMO_SETTINGS,
+                           f"pack.budget={budget}")  # fmt: skip
+            pack.run(spark, ctx)
+            runs[name, budget] = FamilyRun(name, full.model_dir, out, ctx)
+        return runs[name, budget]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def family_run(spark, demo, tokenized_demo, tmp_path_factory):
+    """``family_run(name)``: the demo of 150 samples tokenized for the family ``name`` and packed."""
+    return family_runs(spark, demo, tokenized_demo, tmp_path_factory, "family")

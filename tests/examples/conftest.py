@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmpack_udfs.demo import data as demo_data
-from tests.conftest import PACKED_DEMO_SETTINGS, demo_run
+from tests.conftest import PACKED_DEMO_SETTINGS, demo_run, family_runs
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +44,10 @@ def packed_text_and_images(spark, training_demo, packed, tmp_path_factory) -> Pa
     settings = [s for s in PACKED_DEMO_SETTINGS if not s.startswith("pack.budget=")]
     pack.run(spark, demo_run(training_demo, out, *settings, "pack.budget=1024"))
     return out / "packed"
+
+
+@pytest.fixture(scope="session")
+def training_family(spark, training_demo, packed, tmp_path_factory):
+    """``training_family(name)``: the small training demo (60 samples, images and videos)
+    tokenized for the family ``name`` and packed: what the family trainings run on."""
+    return family_runs(spark, training_demo, packed.parent, tmp_path_factory, "training-family")

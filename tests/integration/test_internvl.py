@@ -20,6 +20,7 @@ import torch
 
 from loader import PackedDataset, collate_packed
 from mmpack_udfs.validate import stage as validate
+from tests.conftest import TILED_PARITY_BUDGET
 from tests.integration.test_family_tokens import oracle_references
 from tests.loader.test_model_parity import (
     CALLS,
@@ -102,10 +103,10 @@ def flash_cpu():
 
 
 @pytest.fixture(scope="module")
-def micro_batches(internvl) -> list[list[dict]]:
+def micro_batches(internvl, family_run) -> list[list[dict]]:
     """Small multi-sample bins: an image bin beside a video bin, and one more image bin (read
     once for every attention)."""
-    packed, rows = internvl[0].output / "packed", internvl[1]
+    packed, rows = family_run("internvl", TILED_PARITY_BUDGET).output / "packed", internvl[1]
     videos = {r["sample_id"] for r in rows if any(m["kind"] == "video" for m in r["media"])}
     bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]
     bins.sort(key=lambda b: len(b["input_ids"]))

@@ -21,6 +21,7 @@ import torch
 
 from loader import PackedDataset, collate_packed
 from mmpack_udfs.validate import stage as validate
+from tests.conftest import TILED_PARITY_BUDGET
 from tests.integration.test_family_tokens import oracle_references
 from tests.loader.test_model_parity import (
     KERNEL_CALLS,
@@ -128,10 +129,10 @@ def test_packed_samples_have_transformers_pixels_sizes_and_positions(llava):
 
 
 @pytest.fixture(scope="module")
-def micro_batches(llava) -> list[list[dict]]:
+def micro_batches(llava, family_run) -> list[list[dict]]:
     """Small multi-sample bins: an image bin beside a video bin, and a bin with a multi-image
     sample (read once for every attention)."""
-    packed, rows = llava[0].output / "packed", llava[1]
+    packed, rows = family_run("llava_onevision", TILED_PARITY_BUDGET).output / "packed", llava[1]
     videos = {r["sample_id"] for r in rows if any(m["kind"] == "video" for m in r["media"])}
     multi = {r["sample_id"] for r in rows if sum(m["kind"] == "image" for m in r["media"]) > 1}
     bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]

@@ -22,6 +22,7 @@ import torch
 
 from loader import PackedDataset, collate_packed
 from loader.hybrid import PackingUnsupported, require_sample_isolation
+from tests.conftest import PARITY_BUDGET
 from tests.loader.test_model_parity import (
     CALLS,
     KERNEL_CALLS,
@@ -53,8 +54,9 @@ def flash_cpu():
 
 @functools.cache
 def micro_batches(packed: Path) -> list[list[dict]]:
-    """Micro-batches of small multi-sample bins: an image bin beside a video bin, and one more
-    image bin (≥ 6 samples); read once per pack for every attention and test."""
+    """Micro-batches of the smallest multi-sample bins (of a pack into PARITY_BUDGET-token bins):
+    an image bin beside a video bin, and one more image bin (≥ 6 samples); read once per pack
+    for every attention and test."""
     bins = [b for b in PackedDataset(str(packed), shuffle=False) if len(b["sample_ids"]) > 1]
     bins.sort(key=lambda b: len(b["input_ids"]))
     video = next(b for b in bins if "pixel_values_videos" in b)
@@ -154,7 +156,7 @@ def check_packed_equals_alone(model, batches) -> int:
     ],
 )
 def test_packed_equals_each_sample_alone(flash_cpu, family_run, model_type, attention):
-    run = family_run(MODELS[model_type])
+    run = family_run(MODELS[model_type], PARITY_BUDGET)
     model = with_attention(tiny_models().tiny_model(model_type, seed=3), attention)
     CALLS.clear()
     KERNEL_CALLS.clear()
@@ -177,7 +179,7 @@ def test_packed_equals_each_sample_alone(flash_cpu, family_run, model_type, atte
 def test_hybrid_packed_equals_alone_with_boundary_respecting_ops(
     flash_cpu, family_run, model_type, attention
 ):
-    run = family_run(MODELS[model_type])
+    run = family_run(MODELS[model_type], PARITY_BUDGET)
     model = with_attention(tiny_models().tiny_model(model_type, seed=3), attention)
     batches = micro_batches(run.output / "packed")
     assert batches[0][0]["seq_idx"].dtype == torch.int32
@@ -193,7 +195,7 @@ def test_hybrid_packed_equals_alone_with_boundary_respecting_ops(
 
 
 def test_hybrid_packed_batches_are_refused_without_the_kernels(family_run):
-    run = family_run("qwen3_5")
+    run = family_run("qwen3_5", PARITY_BUDGET)
     model = tiny_models().tiny_model("qwen3_5", seed=3)
     with pytest.raises(PackingUnsupported, match="flash-linear-attention and causal-conv1d"):
         require_sample_isolation(model)

@@ -175,10 +175,10 @@ def assert_each_sample_alone(batch, packed, media: list[dict], run_alone) -> int
 
 
 @pytest.fixture(scope="module")
-def micro_batches(packed_demo):
+def micro_batches(parity_demo):
     """Three micro-batches of the smallest bins: 3 bins with images only, 1 with a video, one
     micro-batch of two bins."""
-    bins = [b for b in PackedDataset(str(packed_demo / "packed"), shuffle=False) if len(b["sample_ids"]) > 1]
+    bins = [b for b in PackedDataset(str(parity_demo / "packed"), shuffle=False) if len(b["sample_ids"]) > 1]
     bins.sort(key=lambda b: len(b["input_ids"]))
     video = next(b for b in bins if "pixel_values_videos" in b)
     images = [b for b in bins if "pixel_values" in b and "pixel_values_videos" not in b][:3]
