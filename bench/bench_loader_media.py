@@ -2,13 +2,13 @@
 
     .venv/bin/python bench/bench_loader_media.py [--bins 40] [--rounds 3]
 
-Data: `mmpack demo` (2,000 samples with real images and videos) packed twice from the same
-tokenized tables: `pack.media: original` (the files' bytes; the loader decodes, resizes,
-normalizes and patchifies) and `pack.media: prepared` (8-bit frames already at their grid;
-the loader only patchifies). Variants: each packing × `pixel_dtype` float32 / uint8.
-The variants alternate for --rounds rounds over the same first --bins bins (this machine's
-speed drifts over minutes); the median round is reported, with each variant's ratio to
-"today": the original files read the way the loader read them before issue 18 (Pillow
+Data: bench_loader's `mmpack demo` (bench/out/loader-demo: 2,000 samples with real images
+and videos) packed twice from the same tokenized tables: `pack.media: original` (the files'
+bytes; the loader decodes, resizes, normalizes and patchifies) and `pack.media: prepared`
+(8-bit frames already at their grid; the loader only patchifies). Variants: each packing ×
+`pixel_dtype` float32 / uint8. The variants alternate for --rounds rounds over the same first
+--bins bins (this machine's speed drifts over minutes); the median round is reported, with
+each variant's ratio to "today": the original files read the way the loader read them before issue 18 (Pillow
 decoding, float32 normalization before the patch transposes, one array per item then a
 concatenation; ``todays_pixels``).
 Results: bench/out/loader_media.json; copy the table into bench/RESULTS.md.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import OUT, machine, parse_with_smoke
+from common import OUT, ensure_image_demo, machine, parse_with_smoke
 from PIL import Image
 
 from loader import PackedDataset, vision
@@ -43,22 +43,9 @@ VARIANTS = [
 
 
 def packed_demo(media: str, samples: int) -> Path:
-    """The demo packed with ``pack.media`` = ``media`` (the original run is made first)."""
-    original = OUT / "loader-media-original"
-    if not (original / "packed" / "manifest.json").exists():
-        command = [
-            sys.executable,
-            "-m",
-            "mmpack_udfs.cli",
-            "demo",
-            "--out",
-            str(original),
-            "--master",
-            "local[2]",
-            "--samples",
-            str(samples),
-        ]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    """The demo packed with ``pack.media`` = ``media``: the original run is bench_loader's demo
+    (made first when missing), the prepared one its tables packed again."""
+    original = ensure_image_demo(samples).parent
     if media == "original":
         return original / "packed"
     out = OUT / "loader-media-prepared"

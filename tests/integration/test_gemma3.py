@@ -138,15 +138,17 @@ def alone_bin(bin_: dict, index: int) -> dict:
 
 @pytest.fixture(scope="module")
 def micro_batches(gemma3) -> list[list[dict]]:
-    """Two rows of short samples, each longer than the tiny model's sliding window: two
+    """Two rows of the shortest samples longer than the tiny model's sliding window: two
     one-image samples and a text sample; a multi-image sample and a one-image sample."""
-    found: dict[int, list[dict]] = {0: [], 1: [], 2: []}  # by image count (2: several)
+    found: dict[int, list[tuple[int, dict]]] = {0: [], 1: [], 2: []}  # by image count (2: several)
     for bin_ in PackedDataset(str(gemma3[0].output / "packed"), shuffle=False):
         cu, ids = bin_["cu_seqlens"].tolist(), bin_["input_ids"]
         for i, (a, b) in enumerate(itertools.pairwise(cu)):
             if 64 < b - a < 900:
-                found[min(int((ids[a:b] == SOFT).sum()) // PER_IMAGE, 2)].append(alone_bin(bin_, i))
-    return [[found[1][0], found[1][1], found[0][0]], [found[2][0], found[1][2]]]
+                images = min(int((ids[a:b] == SOFT).sum()) // PER_IMAGE, 2)
+                found[images].append((b - a, alone_bin(bin_, i)))
+    shortest = {k: [sample for _, sample in sorted(v, key=lambda s: s[0])] for k, v in found.items()}
+    return [[shortest[1][0], shortest[1][1], shortest[0][0]], [shortest[2][0], shortest[1][2]]]
 
 
 def sample_media(batch, cu: list[int]) -> list[dict]:
