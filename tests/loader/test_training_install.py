@@ -50,7 +50,9 @@ def test_reading_shards_loads_nothing_of_the_spark_side(packed_demo, tmp_path):
 def test_fresh_virtualenv_with_only_the_training_install(packed_demo, tmp_path):
     env_dir = tmp_path / "train-venv"
     venv.create(env_dir, with_pip=True)
-    pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q"]
+    # --no-compile: Python compiles what it imports when it imports it (pip's compiling every
+    # module of torch and transformers up front took ~20 s of this test)
+    pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
     # torch first, as the README says for CPU machines (the extra takes any torch >= 2.4)
     for args in (["torch==2.13.0"], [f"{ROOT}[train]"]):
         done = subprocess.run([*pip, *args], capture_output=True, text=True, timeout=1200)
