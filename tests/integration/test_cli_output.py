@@ -9,7 +9,16 @@ import sys
 
 import pytest
 
+from mmpack_udfs.demo import data as demo_data
+
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> demo_data.DemoData:
+    """A demo of 20 samples: what is printed does not depend on how many."""
+    return demo_data.generate(tmp_path_factory.mktemp("cli-demo"), samples=20, seed=7)
+
 
 JVM_OR_LOG4J = re.compile(
     r"log4j|WARNING: |Setting default log level|NativeCodeLoader|SparkUI"
