@@ -162,6 +162,16 @@ def fresh_output(tokenized_demo, tmp_path):
     return out
 
 
+def repacked(spark, demo: demo_data.DemoData, source: Path, root: Path, *overrides: str) -> RunContext:
+    """``source``'s tokenized samples packed again under ``root``/out with PACKED_DEMO_SETTINGS
+    and ``overrides`` (e.g. a smaller ``pack.budget``)."""
+    from mmpack_udfs.pack import stage as pack
+
+    ctx = demo_run(demo, fresh_output(source, root), *PACKED_DEMO_SETTINGS, *overrides)
+    pack.run(spark, ctx)
+    return ctx
+
+
 PACKED_DEMO_SETTINGS = (
     "pack.budget=4096",
     "pack.oversize=skip",
@@ -192,11 +202,8 @@ def packed_demo(spark, demo, tokenized_demo, tmp_path_factory):
 def parity_demo(spark, demo, packed_demo, tmp_path_factory):
     """``packed_demo``'s samples packed again into PARITY_BUDGET-token bins (longer ones
     skipped): the small bins of the parity tests' forwards."""
-    from mmpack_udfs.pack import stage as pack
-
-    out = fresh_output(packed_demo, tmp_path_factory.mktemp("parity-demo"))
-    pack.run(spark, demo_run(demo, out, *PACKED_DEMO_SETTINGS, f"pack.budget={PARITY_BUDGET}"))
-    return out
+    root = tmp_path_factory.mktemp("parity-demo")
+    return Path(repacked(spark, demo, packed_demo, root, f"pack.budget={PARITY_BUDGET}").output)
 
 
 PREFERENCE_SETTINGS = ("pack.budget=2048", "pack.oversize=skip", "pack.bins_per_row_group=2")
@@ -264,12 +271,10 @@ def family_runs(spark, demo: demo_data.DemoData, tokenized: Path, tmp_path_facto
             pack.run(spark, ctx)
             runs[name, None] = FamilyRun(name, model, out, ctx)
         if (name, budget) not in runs:
-            full = runs[name, None]
-            out = fresh_output(full.output, tmp_path_factory.mktemp(f"{prefix}-{name}-{budget}"))
-            ctx = demo_run(demo, out, f"tokenize.model={full.model_dir}", *PACKED_DEMO_SETTINGS,
-                           f"pack.budget={budget}")  # fmt: skip
-            pack.run(spark, ctx)
-            runs[name, budget] = FamilyRun(name, full.model_dir, out, ctx)
+            full, root = runs[name, None], tmp_path_factory.mktemp(f"{prefix}-{name}-{budget}")
+            overrides = (f"tokenize.model={full.model_dir}", f"pack.budget={budget}")
+            ctx = repacked(spark, demo, full.output, root, *overrides)
+            runs[name, budget] = FamilyRun(name, full.model_dir, Path(ctx.output), ctx)
         return runs[name, budget]
 
     return run
