@@ -32,12 +32,12 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from common import OUT, ensure_image_demo, machine, parse_with_smoke
+from common import OUT, SMOKE_DEMO_BUDGET, SMOKE_DEMO_SAMPLES, ensure_image_demo, machine, parse_with_smoke
 
 from loader import PackedBatch, PackedDataset, collate_packed
 from loader.attention import VARLEN, reference_varlen_attn, register_varlen
@@ -264,9 +264,14 @@ def feed_rate(manifest: str, workers: int, bins: int) -> dict[str, Any]:
     return {"workers": workers, "bins": bins, "tokens": tokens, "tokens_per_s": round(tokens / seconds)}
 
 
-def first_bins(manifest: str, count: int) -> Iterator[PackedBatch]:
-    for item in itertools.islice(PackedDataset(manifest, seed=0), count):
-        yield collate_packed([item])
+def first_bins(manifest: str, count: int, smallest: bool = False) -> list[PackedBatch]:
+    """The epoch's first ``count`` bins; ``smallest``: the ``count`` bins of fewest tokens among
+    those of two samples or more (the smoke run's: seconds on a CPU, a leak control still)."""
+    items: Iterable[dict[str, Any]] = PackedDataset(manifest, seed=0)
+    if smallest:
+        several = [item for item in items if len(item["sample_ids"]) > 1]
+        items = sorted(several, key=lambda item: len(item["input_ids"]))
+    return [collate_packed([item]) for item in itertools.islice(items, count)]
 
 
 def main() -> None:
@@ -282,17 +287,18 @@ def main() -> None:
     parser.add_argument("--vision-blocks", type=int, default=8)
     parser.add_argument("--workers", type=int, default=8, help="loader workers for the feed rate")
     args = parse_with_smoke(
-        parser, demo_samples=60, budget=None, bins=1, parity_bins=1, batch_sizes=[2], workers=0
-    )  # the smoke run reads bench_loader's smoke demo (loader-demo: 60 samples, the CLI's budget)
+        parser, demo_samples=SMOKE_DEMO_SAMPLES, budget=SMOKE_DEMO_BUDGET, bins=1, parity_bins=1,
+        batch_sizes=[2], workers=0,
+    )  # fmt: skip
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     if VARLEN in args.attentions:
         register_varlen() if cuda else register_varlen(kernel=reference_varlen_attn)
-    name = "loader-demo" if args.budget is None else f"gpu-train-demo-{args.budget}"
+    name = "loader-demo" if args.smoke else f"gpu-train-demo-{args.budget}"  # smoke: bench_loader's
     manifest = str(ensure_image_demo(args.demo_samples, budget=args.budget, name=name))
     model = build_model(args, device, dtype)
-    bins = list(first_bins(manifest, args.bins))
+    bins = first_bins(manifest, args.bins, smallest=args.smoke)
     results = {
         "machine": machine(),
         "device": torch.cuda.get_device_name() if cuda else "cpu",

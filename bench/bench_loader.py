@@ -22,7 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-from common import OUT, ensure_image_demo, machine, moto_server, parse_with_smoke
+from common import (
+    OUT,
+    SMOKE_DEMO_BUDGET,
+    SMOKE_DEMO_SAMPLES,
+    ensure_image_demo,
+    machine,
+    moto_server,
+    parse_with_smoke,
+)
 
 from loader import PackedDataset
 
@@ -80,11 +88,15 @@ def main() -> None:
     parser.add_argument(
         "--text-rows", type=int, default=1_000_000, help="rows of the text shards, if not there"
     )
-    args = parse_with_smoke(parser, s3_shards=1, demo_samples=60, text_rows=5000)
+    parser.add_argument("--demo-budget", type=int, help="pack.budget of the image demo (default: the CLI's)")
+    args = parse_with_smoke(
+        parser, s3_shards=1, demo_samples=SMOKE_DEMO_SAMPLES, demo_budget=SMOKE_DEMO_BUDGET, text_rows=5000
+    )
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
-    sources = {"text": ensure_text_shards(args.text_rows), "images": ensure_image_demo(args.demo_samples)}
+    images = ensure_image_demo(args.demo_samples, args.demo_budget)
+    sources = {"text": ensure_text_shards(args.text_rows), "images": images}
     rows = []
     with moto_server() as endpoint:
         s3 = {"endpoint_override": endpoint, "scheme": "http", "region": "us-east-1"}

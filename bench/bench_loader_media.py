@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import OUT, ensure_image_demo, machine, parse_with_smoke
+from common import OUT, SMOKE_DEMO_BUDGET, SMOKE_DEMO_SAMPLES, ensure_image_demo, machine, parse_with_smoke
 from PIL import Image
 
 from loader import PackedDataset, vision
@@ -42,10 +42,10 @@ VARIANTS = [
 ]
 
 
-def packed_demo(media: str, samples: int) -> Path:
+def packed_demo(media: str, samples: int, budget: int | None) -> Path:
     """The demo packed with ``pack.media`` = ``media``: the original run is bench_loader's demo
     (made first when missing), the prepared one its tables packed again."""
-    original = ensure_image_demo(samples).parent
+    original = ensure_image_demo(samples, budget).parent
     if media == "original":
         return original / "packed"
     out = OUT / "loader-media-prepared"
@@ -55,6 +55,8 @@ def packed_demo(media: str, samples: int) -> Path:
         config = str(original / "input" / "mmpack.yaml")
         command = [sys.executable, "-m", "mmpack_udfs.cli", "pack", "--config", config, "--out", str(out),
                    "--master", "local[2]", "--set", "pack.media=prepared"]  # fmt: skip
+        if budget is not None:
+            command += ["--set", f"pack.budget={budget}"]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return out / "packed"
 
@@ -126,8 +128,11 @@ def main() -> None:
     parser.add_argument("--bins", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--demo-samples", type=int, default=2000, help="samples of the demo it packs")
-    args = parse_with_smoke(parser, bins=4, rounds=1, demo_samples=60)
-    packed = {media: packed_demo(media, args.demo_samples) for media in ("original", "prepared")}
+    parser.add_argument("--demo-budget", type=int, help="pack.budget of the demo (default: the CLI's)")
+    args = parse_with_smoke(
+        parser, bins=4, rounds=1, demo_samples=SMOKE_DEMO_SAMPLES, demo_budget=SMOKE_DEMO_BUDGET
+    )
+    packed = {m: packed_demo(m, args.demo_samples, args.demo_budget) for m in ("original", "prepared")}
     packed["today"] = packed["original"]
     sizes = {}
     for media, root in packed.items():

@@ -45,6 +45,11 @@ def bench_spark(master: str, driver_memory: str = "4g"):
     return get_spark(SparkConfig(master=master, log_level="ERROR", conf=conf))
 
 
+# The smoke runs' image demo (bench_loader, bench_loader_media, bench_gpu_train share it): 60
+# samples in bins of 4,096 tokens (its longest sample has 3,762), so that a smoke step is small.
+SMOKE_DEMO_SAMPLES, SMOKE_DEMO_BUDGET = 60, 4096
+
+
 def ensure_image_demo(samples: int, budget: int | None = None, name: str = "loader-demo") -> Path:
     """OUT/``name``/packed: `mmpack demo` of ``samples`` samples (real images and videos, packed
     for Qwen2-VL; ``budget``: its pack.budget), made when it is not there."""
