@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch 2.13.0 first: a CPU wheel on CPU-only machines (the train extra takes any torch >= 2.4)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[spark,train,hf,dev,bench]'  # bench: the benchmarks' smoke runs (tests/bench)
+	$(BIN)/pip install -q -e '.[spark,train,hf,megatron,dev,bench]'  # bench: the benchmarks' smoke runs (tests/bench)
 	$(BIN)/python tools/pin_spark_python.py $(VENV)  # .venv/bin/spark-submit works without PATH
 	touch $(STAMP)
 
