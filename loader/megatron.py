@@ -158,13 +158,13 @@ def _padded_positions(
     total = int(cu_padded[-1])
     out = torch.empty((len(rows), total), dtype=rows.dtype)
     out[:, place] = rows
-    pads = np.diff(cu_padded) - np.diff(cu)
-    if pads.any():
-        starts = cu_padded[:-1] + np.diff(cu)  # each sample's first pad slot
-        slots = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, pads, strict=True) if n])
-        last = np.repeat(cu[1:] - 1, pads)  # each pad slot's sample's last real token
-        step = np.concatenate([np.arange(1, n + 1) for n in pads if n])
-        out[:, torch.from_numpy(slots)] = rows[:, torch.from_numpy(last)] + torch.from_numpy(step)
+    pads = np.diff(cu_padded) - np.diff(cu)  # per sample
+    is_pad = np.ones(total, dtype=bool)
+    is_pad[place.numpy()] = False
+    slots = np.flatnonzero(is_pad)  # in sample order
+    first_pad = np.repeat(cu_padded[1:] - pads, pads)  # each slot's sample's first pad slot
+    last_real = np.repeat(cu[1:] - 1, pads)  # and its last real token
+    out[:, slots] = rows[:, last_real] + torch.from_numpy(slots - first_pad + 1)
     return out[:, None, :] if positions.dim() == 3 else out
 
 

@@ -62,24 +62,30 @@ def training_env(root: Path) -> Path:
     return env
 
 
+def _archive_installed(root: Path) -> Path:
+    return env_archive(_builds["installed"].result(), root)
+
+
+BUILDS: dict[str, Callable[[Path], Path]] = {
+    "installed": wheel_env,
+    "env_archive": _archive_installed,
+    "training_env": training_env,
+}
+NEEDS = {"env_archive": "installed"}  # built first (the builder runs one build at a time)
+
+
 def start(name: str, factory: pytest.TempPathFactory) -> Future[Path]:
-    """Begin building ``name`` (once): installed, env_archive (after installed) or training_env."""
+    """Begin building ``name`` (a key of BUILDS), once, after what it needs."""
     if name not in _builds:
-        root = factory.mktemp(name)
-        builds: dict[str, Callable[[], Path]] = {
-            "installed": lambda: wheel_env(root),
-            "env_archive": lambda: env_archive(_builds["installed"].result(), root),
-            "training_env": lambda: training_env(root),
-        }
-        if name == "env_archive":
-            start("installed", factory)
-        _builds[name] = _builder.submit(builds[name])
+        if name in NEEDS:
+            start(NEEDS[name], factory)
+        _builds[name] = _builder.submit(BUILDS[name], factory.mktemp(name))
     return _builds[name]
 
 
 def start_used(fixtures: set[str], factory: pytest.TempPathFactory) -> None:
     """Begin every build a collected test uses."""
-    for name in ("installed", "env_archive", "training_env"):
+    for name in BUILDS:
         if name in fixtures:
             start(name, factory)
 

@@ -59,9 +59,8 @@ def test_readme_trainer_block_runs(packed_demo, tmp_path):
 def test_readme_megatron_block_runs(packed_demo):
     """The "Train with Megatron-Core" block: two data-parallel ranks × two context-parallel
     ranks, TP 2 with sequence parallel. Both CP ranks of a DP rank get the same bins' halves."""
-    block = re.search(r"### Train with Megatron-Core.*?```python\n(.*?)```", README.read_text(), re.S).group(
-        1
-    )
+    section = r"### Train with Megatron-Core.*?```python\n(.*?)```"
+    block = re.search(section, README.read_text(), re.S).group(1)
     assert 'MANIFEST = "demo-out/packed"' in block
     namespace: dict = {}
     exec(block.replace('"demo-out/packed"', repr(str(packed_demo / "packed"))), namespace)

@@ -9,6 +9,7 @@ model type (``examples/tiny_models.py``): what ``tokenize.model`` and a trainer 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -78,6 +79,7 @@ def build_model_dir(name: str, target: Path) -> Path:
     return target
 
 
+@functools.cache  # the inputs do not change while the tests run
 def _inputs_digest(name: str) -> str:
     """sha256 of what building ``name`` reads: its published files, this module, the tiny
     models, the tokenize package, Gemma 3's downloaded tokenizer and the packages' versions."""
