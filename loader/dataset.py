@@ -192,11 +192,11 @@ class PackedDataset(IterableDataset):
             self._source = ShardSource(self.manifest, self.storage, self.verify)
         order = self._items(slot, self._source)
         remaining = Counter(item.unit for item in order[skip:])
-        loaded: dict[int, _RowGroup] = {}
+        loaded: dict[int, Bins] = {}
         self._consumed = skip
         for item in order[skip:]:
             if item.unit not in loaded:
-                loaded[item.unit] = _RowGroup(
+                loaded[item.unit] = Bins.read(
                     self._source,
                     self.units[item.unit],
                     self.profile,
@@ -210,8 +210,8 @@ class PackedDataset(IterableDataset):
             yield _as_filler(out) if item.filler else out
         self._consumed = 0
 
-    def _pixels(self) -> _Pixels:
-        return _Pixels(self.pixel_dtype, self.media_encoding == "patches8")
+    def _pixels(self) -> Pixels:
+        return Pixels(self.pixel_dtype, self.media_encoding == "patches8")
 
     def _items(self, slot: plan.Slot, source: ShardSource) -> list[plan.Item]:
         """This reader's items of the epoch, in order."""
@@ -267,7 +267,7 @@ def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class _Pixels:
+class Pixels:
     """How pixels are handed over: ``dtype`` (float32, bfloat16, or uint8 for the model side
     to normalize: ``loader.normalize_pixel_values``), and whether the shard's media are
     prepared (8-bit patches already at their grid; the manifest's ``media_encoding``)."""
@@ -315,31 +315,39 @@ class _MediaColumn:
         return items
 
 
-class _RowGroup:
-    """One row group's columns as numpy views, to cut bins out of without per-token work."""
+class Bins:
+    """The bins of one Arrow table with the shard schema (a shard's row group, or one exported
+    bin: ``loader.energon``), as numpy views to cut items out of without per-token work.
+    ``media`` may be absent (text-only reads) or hold only the mRoPE fields (no pixels)."""
 
-    def __init__(
-        self, source: ShardSource, unit: plan.Unit, profile: Mapping[str, Any], pixels: _Pixels | None
-    ) -> None:
+    def __init__(self, table: pa.Table, profile: Mapping[str, Any], pixels: Pixels | None) -> None:
         self.profile, self.pixels = profile, pixels
         self.family = make_family(profile["kind"], profile)
-        media_columns: list[str] = []
-        if pixels is not None:
-            media_columns = ["media"]
-        elif self.family.mrope:  # mRoPE needs the grids and offsets, not the pixels
-            media_columns = source.nested_columns(unit.shard, "media", MROPE_FIELDS)
-        self.per_sample = [c for c in PER_SAMPLE_COLUMNS if source.has_column(unit.shard, c)]  # added since
-        table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + self.per_sample + media_columns)
         table = table.combine_chunks()
         self.lists = {}
         for name in ("input_ids", "labels", "cu_seqlens"):
             array = table.column(name).chunk(0)
             self.lists[name] = (array.offsets.to_numpy(), array.values.to_numpy())
         self.sample_ids = table.column("sample_ids").chunk(0)
-        self.columns = {name: table.column(name).chunk(0) for name in self.per_sample}
+        # shards written before a per-sample column lack it
+        self.columns = {c: table.column(c).chunk(0) for c in PER_SAMPLE_COLUMNS if c in table.column_names}
         self.media = None
-        if media_columns:
+        if "media" in table.column_names:
             self.media = _MediaColumn(table.column("media").chunk(0), views=bool(pixels and pixels.prepared))
+
+    @classmethod
+    def read(
+        cls, source: ShardSource, unit: plan.Unit, profile: Mapping[str, Any], pixels: Pixels | None
+    ) -> Bins:
+        """One row group of a shard, with the columns an item needs."""
+        media_columns: list[str] = []
+        if pixels is not None:
+            media_columns = ["media"]
+        elif make_family(profile["kind"], profile).mrope:  # mRoPE needs the grids and offsets, not the pixels
+            media_columns = source.nested_columns(unit.shard, "media", MROPE_FIELDS)
+        per_sample = [c for c in PER_SAMPLE_COLUMNS if source.has_column(unit.shard, c)]  # added since
+        table = source.read(unit.shard, unit.row_group, TOKEN_COLUMNS + per_sample + media_columns)
+        return cls(table, profile, pixels)
 
     def _list(self, name: str, row: int) -> np.ndarray:
         offsets, values = self.lists[name]
@@ -361,7 +369,7 @@ class _RowGroup:
             "sample_ids": self.sample_ids[row].as_py(),
             "filler": False,
         }
-        for name, column in self.columns.items():  # shards written before a column lack it
+        for name, column in self.columns.items():
             item[name] = column[row].as_py()
         media = self.media.row(row) if self.media is not None else []
         if not self.family.boundary_kwargs:
@@ -393,7 +401,7 @@ def _frames(item: Mapping[str, Any], storage: fs.Storage) -> list:
 
 
 def _qwen_pixels(
-    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: _Pixels
+    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: Pixels
 ) -> dict[str, Any]:
     """Pixel patches and grids per kind, as transformers' Qwen-VL models take them (or their
     uint8 values, ``pixel_dtype="uint8"``): every item's 8-bit patches written into one
@@ -437,7 +445,7 @@ def _mrope(family: Family, media: list[dict], cu: np.ndarray, positions: np.ndar
     return torch.from_numpy(rows)
 
 
-def _qwen2_vl_patches8(item: dict, storage: fs.Storage, pixels: _Pixels) -> np.ndarray:
+def _qwen2_vl_patches8(item: dict, storage: fs.Storage, pixels: Pixels) -> np.ndarray:
     """One item's compact 8-bit patches: stored as such (prepared media) or from the
     original file (decoded and resized first)."""
     if pixels.prepared:
@@ -453,9 +461,7 @@ def _norms(profile: Mapping[str, Any]) -> dict[str, tuple]:
     }
 
 
-def _internvl_media(
-    media: list[dict], family: Family, storage: fs.Storage, pixels: _Pixels
-) -> dict[str, Any]:
+def _internvl_media(media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels) -> dict[str, Any]:
     """Every item's tiles in order (images and video frames together, as transformers' processor
     concatenates them), normalized with the mean/std of the item's kind."""
     image, native = family.settings["image"], family.video_processor_resize
@@ -481,7 +487,7 @@ def _internvl_media(
     return out
 
 
-def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels: _Pixels) -> dict[str, Any]:
+def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels) -> dict[str, Any]:
     """Gemma 3's input: every image resized to one square (bilinear, aspect not kept) in
     ``pixel_values`` [images, 3, S, S]."""
     image = family.settings["image"]
@@ -495,7 +501,7 @@ def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels
     return out
 
 
-def _handed_over(pixels: _Pixels, raw: np.ndarray, norm: tuple, axis: int) -> torch.Tensor:
+def _handed_over(pixels: Pixels, raw: np.ndarray, norm: tuple, axis: int) -> torch.Tensor:
     """uint8 pixels as they are (``pixel_dtype="uint8"``), else normalized with ``norm`` (mean,
     std; channels along ``axis``) in the loader's dtype."""
     if pixels.computed == "uint8":
@@ -505,7 +511,7 @@ def _handed_over(pixels: _Pixels, raw: np.ndarray, norm: tuple, axis: int) -> to
 
 
 def _llava_onevision_media(
-    media: list[dict], family: Family, storage: fs.Storage, pixels: _Pixels
+    media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels
 ) -> dict[str, Any]:
     """LLaVA-OneVision's inputs: every image's crops in order in one ``pixel_values`` [crops, 3, S,
     S] (4-D: the model takes it as is), ``image_sizes`` (original height, width),

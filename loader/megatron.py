@@ -47,6 +47,7 @@ import torch
 from loader.collate import VISION_INPUTS, collate_packed
 from loader.dataset import IGNORE
 from loader.hybrid import PackingUnsupported
+from mmpack_udfs.families import make_family
 
 TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids")  # [..., T]: what CP splits
 INSTALL = "pip install 'mmpack[megatron]'"
@@ -123,20 +124,28 @@ def megatron_batch(
     return batch
 
 
+UNEXPRESSIBLE = {  # a family property → why Megatron's causal THD attention would not train it exactly
+    "bidirectional_media": "Gemma 3 bins: each image's tokens attend to each other in both directions, and "
+    "Megatron-Core's THD attention is causal within a sample; train Gemma 3 packs with the torch "
+    "loader (collate_packed builds its masks)",
+    "linear_attention": "Qwen3.5 bins: its linear-attention layers need each token's sample (seq_idx) to "
+    "restart at sample boundaries, and megatron-core's PackedSeqParams does not carry it; train "
+    "Qwen3.5 packs with the torch loader",
+}
+ITEM_KEYS = {"bidirectional_media": "media_token_mask", "linear_attention": "seq_idx"}  # how a bin shows it
+
+
+def unexpressible(profile: dict[str, Any]) -> str | None:
+    """Why a pack of ``profile`` cannot become Megatron-Core THD batches, or None."""
+    family = make_family(profile["kind"], profile)
+    return next((why for prop, why in UNEXPRESSIBLE.items() if getattr(family, prop)), None)
+
+
 def refuse_unexpressible(item: dict[str, Any]) -> None:
     """``PackingUnsupported`` for a bin Megatron's causal THD attention would not train exactly."""
-    if "media_token_mask" in item:
-        raise PackingUnsupported(
-            "Gemma 3 bins: each image's tokens attend to each other in both directions, and "
-            "Megatron-Core's THD attention is causal within a sample; train Gemma 3 packs with "
-            "the torch loader (collate_packed builds its masks)"
-        )
-    if "seq_idx" in item:
-        raise PackingUnsupported(
-            "Qwen3.5 bins: its linear-attention layers need each token's sample (seq_idx) to "
-            "restart at sample boundaries, and megatron-core's PackedSeqParams does not carry it; "
-            "train Qwen3.5 packs with the torch loader"
-        )
+    for prop, key in ITEM_KEYS.items():
+        if key in item:
+            raise PackingUnsupported(UNEXPRESSIBLE[prop])
 
 
 def shift_within_samples(labels: torch.Tensor, cu: np.ndarray) -> torch.Tensor:

@@ -190,6 +190,20 @@ def run_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_export_energon(args: argparse.Namespace) -> int:
+    """A published pack → a Megatron-Energon dataset at --to (mmpack_udfs.export.energon)."""
+    from mmpack_udfs.export import energon
+    from mmpack_udfs.io.spark import get_spark
+
+    ctx = context_from_args(args)
+    splits = [s.strip() for s in args.splits.split(",")] if args.splits else None
+    energon.published_packs(ctx.output, ctx.storage, splits)  # refusals before Spark starts
+    energon.refuse_non_empty(fs.normalize_uri(args.to), ctx.storage)
+    spark = get_spark(ctx.config.spark, args.master, verbose=args.verbose)
+    energon.run(spark, ctx, args.to, splits)
+    return EXIT_OK
+
+
 def run_config(args: argparse.Namespace) -> int:
     """Print the configuration a run would use (or every key with its help)."""
     from mmpack_udfs.config import docs
@@ -297,6 +311,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
     add_verbose_option(p)
     p.set_defaults(func=run_gc)
+
+    p = commands.add_parser(
+        "export",
+        help="export a published pack for another trainer (energon: Megatron-Energon WebDataset)",
+        description="Reads OUT/packed (and OUT/packed-eval); writes a dataset another trainer reads.",
+    )
+    targets = p.add_subparsers(dest="target", required=True, metavar="TARGET")
+    t = targets.add_parser(
+        "energon",
+        help="a Megatron-Energon dataset: WebDataset tars (one sample per bin) + .nv-meta",
+        description="Writes DEST/train/*.tar (and DEST/val/*.tar from the evaluation pack), one tar "
+        "sample per bin with its media, Energon's .nv-meta (its own preparation) and "
+        "DEST/mmpack_export.json. Train on it with loader.energon.MmpackTaskEncoder. Exit 2 when "
+        "there is no published pack, DEST is not empty, or a split is unknown.",
+    )
+    add_config_file_options(t, "s3.region=eu-west-1")
+    add_out_option(t)
+    t.add_argument("--to", required=True, metavar="DEST|s3://...", help="an empty or new folder")
+    t.add_argument(
+        "--splits", metavar="S[,S]", help="Energon splits to export: train, val (default: what the pack has)"
+    )
+    add_master_option(t)
+    add_verbose_option(t)
+    t.set_defaults(func=run_export_energon)
 
     p = commands.add_parser(
         "config",

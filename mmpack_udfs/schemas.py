@@ -5,8 +5,10 @@ Both the jobs and any reader import these; nothing else spells a column list.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -187,6 +189,20 @@ def is_shard_schema(schema: pa.Schema) -> bool:
         if schema.equals(pa.schema([f for f in SHARD if f.name not in later])):
             return True
     return False
+
+
+# An Energon export (``mmpack export energon``; read by ``loader.energon``): one tar sample per
+# bin, its parts: "json" (the bin's other columns, its media items without their bytes, and
+# "mmpack": where it came from), each of EXPORT_ARRAYS as an int32 "<name>.npy", and each media
+# item's bytes as "<i>.media". EXPORT_MANIFEST beside the tars says what the export holds.
+EXPORT_FORMAT, EXPORT_FORMAT_VERSION = "mmpack-energon", 1
+EXPORT_MANIFEST = "mmpack_export.json"
+EXPORT_ARRAYS = ("input_ids", "labels", "cu_seqlens")
+
+
+def profile_digest(profile: Mapping[str, Any]) -> str:
+    """A short digest of a profile's settings: which model a bin was packed for."""
+    return hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # Per-bin figures: the columns a report or a rank balancer reads without touching tokens.

@@ -220,6 +220,54 @@ def parity_demo(spark, demo, packed_demo, tmp_path_factory):
     return Path(repacked(spark, demo, packed_demo, root, f"pack.budget={PARITY_BUDGET}").output)
 
 
+CAP, EVAL_SAMPLES, FRACTION = 12, 4, 0.2  # the mixed demo's cap, held-out samples and eval fraction
+
+
+def mixed_run(demo, out: Path) -> RunContext:
+    """The demo packed with dataset weights, a cap and an evaluation split (``packed-eval``)."""
+    ctx = demo_run(demo, out, *PACKED_DEMO_SETTINGS, f"eval.fraction={FRACTION}")
+    datasets = ctx.config.as_dict()["datasets"]
+    weights = {
+        "sharegpt_jsonl": {"weight": 2.0},
+        "openai_json": {"weight": 0.3},
+        "custom_parquet": {"max_samples": CAP, "eval_samples": EVAL_SAMPLES},
+    }
+    return with_datasets(ctx, [{**d, **weights[d["name"]]} for d in datasets])
+
+
+@pytest.fixture(scope="session")
+def mixed_demo(spark, demo, tokenized_demo, tmp_path_factory) -> tuple[Path, RunContext]:
+    """(output root, run context) of ``mixed_run``: packed once per session (read-only)."""
+    from mmpack_udfs.pack import stage as pack
+
+    out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("mix"))
+    ctx = mixed_run(demo, out)
+    pack.run(spark, ctx)
+    return out, ctx
+
+
+@pytest.fixture(scope="session")
+def energon_export(spark, packed_demo, family_run, mixed_demo, tmp_path_factory):
+    """``energon_export(name)``: a pack exported as an Energon dataset (``mmpack export
+    energon``), once per session: ``qwen2_vl`` (``packed_demo``), ``qwen2_5_vl`` (its
+    ``family_run``, videos with ``second_per_grid_ts``) or ``mixed`` (``mixed_demo``: a val split)."""
+    from mmpack_udfs.export import energon
+
+    exports: dict[str, Path] = {}
+
+    def export(name: str) -> Path:
+        if name not in exports:
+            out = {"qwen2_vl": lambda: packed_demo, "mixed": lambda: mixed_demo[0]}.get(
+                name, lambda: family_run(name).output
+            )()
+            dest = tmp_path_factory.mktemp(f"energon-{name}") / "export"
+            energon.run(spark, load_run(None, [f"output={out}"]), str(dest))
+            exports[name] = dest
+        return exports[name]
+
+    return export
+
+
 PREFERENCE_SETTINGS = ("pack.budget=2048", "pack.oversize=skip", "pack.bins_per_row_group=2")
 
 

@@ -1,4 +1,6 @@
-"""mmpack on Airflow 3: normalize → tokenize → pack → validate-shards, each one spark-submit.
+"""mmpack on Airflow 3: normalize → tokenize → pack → validate-shards, each one spark-submit;
+then, when the ``energon`` param names a destination, export-energon (``mmpack export energon``:
+the validated pack as a Megatron-Energon dataset).
 
 Trigger it with the params below (UI, ``airflow dags trigger mmpack --conf '{...}'``, or an
 upstream DAG). When validate-shards succeeds it emits an event on ``MANIFEST_ASSET`` whose
@@ -42,6 +44,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, Param
+from airflow.sdk.exceptions import AirflowSkipException
 
 MMPACK_HOME = Path(os.environ.get("MMPACK_HOME") or Path(__file__).resolve().parents[2])
 SPARK_CONN_ID = os.environ.get("MMPACK_SPARK_CONN_ID", "spark_default")
@@ -80,6 +83,13 @@ PARAMS = {
         enum=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "internvl_chat"],
         description="model profile",
     ),
+    "energon": Param(
+        "",
+        type="string",
+        pattern=r"^$|" + ABSOLUTE,
+        description="export the validated pack there as a Megatron-Energon dataset (an empty or new "
+        "folder, absolute or s3://); empty: no export",
+    ),
     "budget": Param(
         16384,
         type="integer",
@@ -94,12 +104,13 @@ STAGE_ARGS = [
     "--set", "tokenize.max_tokens={{ params.budget }}",
     "--set", "pack.budget={{ params.budget }}",
 ]  # fmt: skip
-TASK_IDS = {"validate": "validate-shards"}  # task id of a stage, where it is not the stage's name
+TASK_IDS = {"validate": "validate-shards", "export": "export-energon"}  # where not the stage's name
 TIMEOUTS = {  # per attempt, by stage; a stage that runs longer is killed and retried
     "normalize": timedelta(hours=6),
     "tokenize": timedelta(hours=8),
     "pack": timedelta(hours=4),
     "validate": timedelta(hours=2),
+    "export": timedelta(hours=4),
 }
 DEFAULT_ARGS = {
     "owner": "mmpack",
@@ -130,7 +141,17 @@ class ValidateShardsOperator(SparkSubmitOperator):
         )
 
 
-def spark_stage(stage: str, operator: type[SparkSubmitOperator] = SparkSubmitOperator, **kw):
+class ExportEnergonOperator(SparkSubmitOperator):
+    """spark-submit jobs/mmpack_job.py export energon --to {{ params.energon }}; skipped when
+    the param is empty."""
+
+    def execute(self, context: Any) -> None:
+        if not context["params"]["energon"]:
+            raise AirflowSkipException("no energon destination given: nothing to export")
+        super().execute(context)
+
+
+def spark_stage(stage: str, operator: type[SparkSubmitOperator] = SparkSubmitOperator, args=(), **kw):
     """One pipeline stage as a spark-submit of jobs/mmpack_job.py <stage> with the executor zip."""
     return operator(
         task_id=TASK_IDS.get(stage, stage),
@@ -140,7 +161,7 @@ def spark_stage(stage: str, operator: type[SparkSubmitOperator] = SparkSubmitOpe
         archives=SPARK_ARCHIVES,
         conf={"spark.pyspark.python": SPARK_PYTHON} if SPARK_PYTHON else None,
         name=f"mmpack-{stage}",
-        application_args=[stage, *STAGE_ARGS],
+        application_args=[stage, *args, *STAGE_ARGS],
         execution_timeout=TIMEOUTS[stage],
         **kw,
     )
@@ -164,5 +185,8 @@ with DAG(
         else spark_stage(s.name)
         for s in PIPELINE.STAGES
     ]
+    tasks.append(
+        spark_stage("export", ExportEnergonOperator, args=["energon", "--to", "{{ params.energon }}"])
+    )
     for before, after in itertools.pairwise(tasks):
         before >> after

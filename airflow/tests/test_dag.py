@@ -13,7 +13,13 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset
 from conftest import REPO, project
 
-STAGES = {"normalize": "normalize", "tokenize": "tokenize", "pack": "pack", "validate-shards": "validate"}
+STAGES = {
+    "normalize": "normalize",
+    "tokenize": "tokenize",
+    "pack": "pack",
+    "validate-shards": "validate",
+    "export-energon": "export",
+}
 MANIFEST_ASSET = Asset(name="mmpack_packed_manifest", uri="x-mmpack://packed-manifest")
 
 
@@ -23,7 +29,7 @@ def test_the_dag_folder_imports_without_errors(dagbag):
 
 
 def test_tasks_run_in_order_each_a_spark_submit_of_its_job(dag):
-    order = ["normalize", "tokenize", "pack", "validate-shards"]
+    order = list(STAGES)
     assert sorted(t.task_id for t in dag.tasks) == sorted(order)
     for before, after in itertools.pairwise(order):
         assert dag.get_task(after).upstream_task_ids == {before}
@@ -37,8 +43,9 @@ def test_tasks_run_in_order_each_a_spark_submit_of_its_job(dag):
         assert task.conf == {"spark.pyspark.python": os.environ["MMPACK_PYTHON"]}
 
 
-def test_params_are_input_output_profile_and_budget(dag):
-    assert set(dag.params) == {"input", "output", "profile", "budget"}
+def test_params_are_input_output_profile_budget_and_energon(dag):
+    assert set(dag.params) == {"input", "output", "profile", "budget", "energon"}
+    assert dag.params.get_param("energon").value == ""
     assert dag.params.get_param("profile").value == "qwen2_vl"
     assert dag.params.get_param("budget").value == 16384
     args = " ".join(dag.get_task("tokenize").application_args)
@@ -58,6 +65,7 @@ def test_params_are_input_output_profile_and_budget(dag):
         {"budget": "big"},
         {"profile": "llama"},
         {"output": "relative/out"},
+        {"energon": "relative/energon"},
     ],
 )
 def test_bad_params_are_rejected(dag, conf):
@@ -78,6 +86,15 @@ def test_retries_timeouts_and_the_manifest_asset(dag):
     assert all(not t.outlets for t in dag.tasks if t.task_id != "validate-shards")
 
 
+def test_the_energon_export_runs_after_validation_and_only_when_asked(dag):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    task = dag.get_task("export-energon")
+    assert task.application_args[:4] == ["export", "energon", "--to", "{{ params.energon }}"]
+    with pytest.raises(AirflowSkipException, match="nothing to export"):
+        task.execute({"params": {"energon": ""}})
+
+
 @pytest.mark.slow
 def test_the_dag_runs_end_to_end_with_spark_submit(dag, airflow_db, tmp_path):
     from airflow.models.asset import AssetEvent
@@ -87,7 +104,9 @@ def test_the_dag_runs_end_to_end_with_spark_submit(dag, airflow_db, tmp_path):
     project("python", "tools/make_dist.py", "dist")  # the zip the DAG ships with --py-files
     project("mmpack", "demo-data", str(tmp_path / "input"), "--samples", "40", "--seed", "1")
     out = tmp_path / "out"
-    conf = {"input": str(tmp_path / "input" / "mmpack.yaml"), "output": str(out), "budget": 4096}
+    energon = tmp_path / "energon"
+    conf = {"input": str(tmp_path / "input" / "mmpack.yaml"), "output": str(out), "budget": 4096,
+            "energon": str(energon)}  # fmt: skip
 
     run = dag.test(run_conf=conf)
 
@@ -109,3 +128,7 @@ def test_the_dag_runs_end_to_end_with_spark_submit(dag, airflow_db, tmp_path):
     assert [e[:2] for e in events] == [(MANIFEST_ASSET.name, "validate-shards")]
     assert events[0][2]["manifest"] == str(out / "packed" / "manifest.json")
     assert events[0][2]["budget"] == 4096
+    exported = json.loads((energon / "mmpack_export.json").read_text())
+    assert exported["source"]["packs"]["train"]["run_id"] == manifest["run_id"]
+    assert exported["splits"]["train"]["bins"] == manifest["totals"]["bins"]
+    assert (energon / ".nv-meta" / "index.sqlite").exists()

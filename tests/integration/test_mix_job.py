@@ -19,30 +19,23 @@ from mmpack_udfs.io import fs, tables
 from mmpack_udfs.pack import gc
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.validate import stage as validate
-from tests.conftest import PACKED_DEMO_SETTINGS, demo_run, fresh_output, with_datasets
+from tests.conftest import (
+    CAP,
+    EVAL_SAMPLES,
+    FRACTION,
+    PACKED_DEMO_SETTINGS,
+    demo_run,
+    fresh_output,
+    mixed_run,
+    with_datasets,
+)
 
 pytestmark = pytest.mark.spark
 
-CAP, EVAL_SAMPLES, FRACTION = 12, 4, 0.2
-
-
-def mixed_run(demo, out: Path):
-    ctx = demo_run(demo, out, *PACKED_DEMO_SETTINGS, f"eval.fraction={FRACTION}")
-    datasets = ctx.config.as_dict()["datasets"]
-    weights = {
-        "sharegpt_jsonl": {"weight": 2.0},
-        "openai_json": {"weight": 0.3},
-        "custom_parquet": {"max_samples": CAP, "eval_samples": EVAL_SAMPLES},
-    }
-    return with_datasets(ctx, [{**d, **weights[d["name"]]} for d in datasets])
-
 
 @pytest.fixture(scope="module")
-def mixed(spark, demo, tokenized_demo, tmp_path_factory):
-    out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("mix"))
-    ctx = mixed_run(demo, out)
-    pack.run(spark, ctx)
-    return out, ctx
+def mixed(mixed_demo):
+    return mixed_demo
 
 
 def placements(root: Path) -> list[tuple[str, str, int]]:

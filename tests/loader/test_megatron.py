@@ -3,8 +3,9 @@
 Checked against megatron-core itself where it has the rule in plain torch (its multimodal
 ``get_padding``, its ``get_batch_on_this_cp_rank`` split, its ``PackedSeqParams``), and
 against the torch loader (``collate_packed``) for everything a bin holds: random bins
-(hypothesis) for the label shift and the padding, the demo's Qwen2-VL and Qwen2.5-VL packs
-for positions and pixels, and a tiny model for the loss contract.
+(hypothesis) for the label shift and the padding, and a tiny model for the loss contract.
+The demo's Qwen2-VL and Qwen2.5-VL packs (positions, pixels) are checked on their way
+through Energon: tests/loader/test_energon.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from megatron.core import utils as mcore_utils
 from megatron.core.models.multimodal.context_parallel import get_padding
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from loader import PackedDataset, PackingUnsupported, collate_packed
+from loader import PackingUnsupported
 from loader.megatron import cp_indices, cp_partition, loss_sum_and_tokens, megatron_batch, pad_multiple
 
 IGNORE = -100
@@ -265,30 +266,3 @@ def test_summed_loss_and_tokens_equal_each_sample_alone(cp, tp, sp):
         alone_tokens += int((labels[1:] != IGNORE).sum())
     assert packed_tokens == alone_tokens > 0
     assert torch.allclose(packed_sum, alone_sum, rtol=1e-5, atol=0)
-
-
-@pytest.mark.spark
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
-def test_demo_bins_keep_the_torch_loaders_tokens_positions_and_pixels(family, packed_demo, family_run):
-    """The demo packs with images and videos: tokens, mRoPE rows and pixels are collate_packed's
-    at the padded places, labels its own shifted, for every bin."""
-    packed = packed_demo / "packed" if family == "qwen2_vl" else family_run(family).output / "packed"
-    videos = 0
-    for item in PackedDataset(str(packed), shuffle=False):
-        batch = megatron_batch(item, cp_size=2, tp_size=2, sequence_parallel=True)
-        reference = collate_packed([item])
-        params = batch["packed_seq_params"]
-        assert params.cu_seqlens_q.tolist() == reference.meta["cu_seq_lens"]
-        starts, lengths = params.cu_seqlens_q_padded[:-1].tolist(), params.cu_seqlens_q.diff().tolist()
-        place = torch.cat([torch.arange(p, p + n) for p, n in zip(starts, lengths, strict=True)])
-        assert torch.equal(batch["input_ids"][0, place], reference["input_ids"][0])
-        assert torch.equal(batch["position_ids"][:, 0, place], reference["position_ids"][1:, 0, :])
-        check_labels(item, batch)
-        for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-            assert (key in batch) == (key in reference)
-            if key in batch:
-                assert torch.equal(batch[key], reference[key])
-        if "second_per_grid_ts" in reference.meta:
-            assert torch.equal(batch["second_per_grid_ts"], reference.meta["second_per_grid_ts"])
-        videos += int("video_grid_thw" in batch)
-    assert videos > 0
