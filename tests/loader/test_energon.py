@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, reraise_exception
+from torch.utils.data import DataLoader
 
 from loader import PackedDataset
 from loader.collate import VISION_INPUTS, collate_packed
@@ -85,9 +86,10 @@ def test_every_bin_once_across_ranks_and_workers_as_the_torch_loader_gives_it(fa
     by_ids = {tuple(b["meta"]["sample_ids"]): b for b in got.values()}
     assert len(by_ids) == len(got)
     videos = 0
-    for item in PackedDataset(
+    reference = PackedDataset(
         str(Path(manifest["source"]["output"]) / "packed"), shuffle=False, balance=False
-    ):
+    )
+    for item in DataLoader(reference, batch_size=None, num_workers=2):  # both cores decode
         expected = megatron_batch(item, **options)
         check_against_collate_packed(item, expected)
         batch = by_ids.pop(tuple(item["sample_ids"]))

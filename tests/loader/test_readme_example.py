@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.spark
 
@@ -77,3 +78,28 @@ def test_readme_megatron_block_runs(packed_demo):
     seen = [s for dp in range(2) for batch in steps[dp, 0] for s in batch["meta"]["sample_ids"]]
     manifest = json.loads((packed_demo / "packed" / "manifest.json").read_text())
     assert len(seen) == len(set(seen)) == manifest["totals"]["samples"]  # every sample once an epoch
+
+
+def test_readme_energon_block_runs(energon_export):
+    """The "Train with Megatron (Energon)" block on the demo's export: 2 data-parallel × 2
+    context-parallel ranks, TP 2 with sequence parallel. Both CP ranks of a DP rank read the
+    same bins and keep halves of them; the DP ranks read different bins."""
+    section = r"### Train with Megatron \(Energon\).*?```python\n(.*?)```"
+    block = re.search(section, README.read_text(), re.S).group(1)
+    assert 'EXPORT = "demo-energon"' in block
+    export = energon_export("qwen2_vl")
+    namespace: dict = {}
+    exec(block.replace('"demo-energon"', repr(str(export))), namespace)
+    steps = {}
+    for dp, cp in itertools.product(range(2), range(2)):
+        stream = namespace["micro_batches"](dp, 2, cp, 2, 2, num_workers=0)
+        steps[dp, cp] = list(itertools.islice(stream, 3))
+        stream.close()
+    for dp in range(2):
+        for a, b in zip(steps[dp, 0], steps[dp, 1], strict=True):
+            assert a["meta"]["key"] == b["meta"]["key"] and a["input_ids"].shape == b["input_ids"].shape
+            whole = a["packed_seq_params"].cu_seqlens_q_padded[-1]
+            assert a["input_ids"].shape[-1] * 2 == whole and int(whole) % 8 == 0
+            assert not torch.equal(a["input_ids"], b["input_ids"])
+    keys = [{batch["meta"]["key"] for batch in steps[dp, 0]} for dp in range(2)]
+    assert len(keys[0]) == len(keys[1]) == 3 and not keys[0] & keys[1]

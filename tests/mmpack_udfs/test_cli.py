@@ -13,7 +13,17 @@ def test_help_lists_the_commands(capsys):
         cli.main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert all(c in out for c in ("normalize", "tokenize", "pack", "report", "demo-data"))
+    assert all(c in out for c in ("normalize", "tokenize", "pack", "report", "demo-data", "export"))
+
+
+def test_export_energon_without_a_published_pack_exits_2_before_spark(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: pytest.fail("Spark started"))
+    args = ["export", "energon", "--out", str(tmp_path), "--to", str(tmp_path / "energon")]
+    assert cli.main(args) == cli.EXIT_BAD_CONFIG
+    assert "no manifest at" in capsys.readouterr().err and not (tmp_path / "energon").exists()
+    with pytest.raises(SystemExit):
+        cli.main(["export", "energon", "--out", str(tmp_path)])
+    assert "the following arguments are required: --to" in capsys.readouterr().err
 
 
 def test_bad_config_exits_2_with_a_message(capsys, tmp_path):
