@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train clean
+.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train bench-energon clean
 
 setup: java $(STAMP)
 
@@ -135,6 +135,9 @@ bench-balance: setup
 # needs a CUDA GPU (a CPU runs only --smoke): packed (mmpack_varlen, SDPA) vs padded training tokens/s
 bench-gpu-train: setup
 	$(BIN)/python bench/bench_gpu_train.py
+
+bench-energon: setup
+	$(BIN)/python bench/bench_energon.py
 
 bench-loader: setup
 	$(BIN)/python bench/bench_loader.py
