@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import json_array
-from mmpack_udfs.normalize.sharegpt import BLOB_KEY, DatasetSpec
+from mmpack_udfs.normalize.sharegpt import BLOB_KEY, NON_TEXT_KEY, DatasetSpec
 
 FORMATS_BY_EXTENSION = {
     ".jsonl": "jsonl",
@@ -266,8 +266,14 @@ def _read_parquet(split: Split, storage) -> Iterator[RawRecord]:
         rows = parquet.read_row_group(split.start).to_pylist()
     for index, row in enumerate(rows):
         blobs: list[bytes] = []
-        text = json.dumps(_set_aside(row, blobs), ensure_ascii=False, default=str)
+        text = json.dumps(_set_aside(row, blobs), ensure_ascii=False, default=_non_text)
         yield RawRecord(offset + index, text, None, blobs or None)
+
+
+def _non_text(value: Any) -> dict[str, str]:
+    """A Parquet value JSON has no type for (timestamp, date, time, duration, decimal) as a
+    marked object, never as text: a turn holding one is quarantined (non_string_content)."""
+    return {NON_TEXT_KEY: type(value).__name__, "value": str(value)}
 
 
 def _set_aside(value: Any, blobs: list[bytes], key: str = "") -> Any:

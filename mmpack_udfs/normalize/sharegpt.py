@@ -77,6 +77,18 @@ PLACEHOLDER_DEFAULTS = {
     "audio_placeholder": AUDIO_PLACEHOLDER,
 }
 BLOB_KEY = "$mmpack_blob"  # inputs.py puts inline bytes aside and leaves {BLOB_KEY: index}
+# inputs.py writes a Parquet value JSON has no type for (timestamp, date, decimal, ...) as
+# {NON_TEXT_KEY: its type, "value": its text}: never text, so a turn holding one is quarantined
+NON_TEXT_KEY = "$mmpack_non_text"
+
+
+def kind_of(value: Any) -> str:
+    """What a value is, for a message: its Python type, or the Parquet value's type it stands for."""
+    if isinstance(value, dict) and isinstance(value.get(NON_TEXT_KEY), str):
+        return f"a {value[NON_TEXT_KEY]} value"
+    return type(value).__name__
+
+
 CANONICAL_ROLE = {"observation": "tool"}
 
 
@@ -234,7 +246,7 @@ def alpaca_prompt(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, Any]]
     prompt = [record.get(m.columns[key]) for key in ("prompt", "query")]
     for value in prompt:
         if value is not None and not isinstance(value, str):
-            raise Rejected(Reason.NON_STRING_CONTENT, f"alpaca prompt is {type(value).__name__}")
+            raise Rejected(Reason.NON_STRING_CONTENT, f"alpaca prompt is {kind_of(value)}")
     turns.append((user, "\n".join(p for p in prompt if p)))
     return turns
 
@@ -265,7 +277,7 @@ def _turns(
         in_first = in_first if i else len(turn_slots)
     system = record.get(m.columns["system"])
     if system is not None and not isinstance(system, str):
-        raise Rejected(Reason.NON_STRING_CONTENT, f"system prompt is {type(system).__name__}")
+        raise Rejected(Reason.NON_STRING_CONTENT, f"system prompt is {kind_of(system)}")
     if turns[0][0] == "system":
         if system:
             raise Rejected(Reason.BROKEN_TURN_ORDER, "system prompt given both as key and turn")
@@ -283,7 +295,7 @@ def _content(content: Any, m: KeyMap, where: str) -> tuple[str, list[Slot]]:
         text = _canonical(content, m)
         return text, [(kind, None) for kind in _placeholders_in(text)]
     if not isinstance(content, list):
-        raise Rejected(Reason.NON_STRING_CONTENT, f"{where} content is {type(content).__name__}")
+        raise Rejected(Reason.NON_STRING_CONTENT, f"{where} content is {kind_of(content)}")
     texts: list[str] = []
     slots: list[Slot] = []
     for k, part in enumerate(content):

@@ -184,6 +184,15 @@ def _binary_parquet(path: Path, image: bytes) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([("conversations", pa.list_(turn))])), path)
 
 
+def _timestamp_parquet(path: Path) -> None:
+    """Turn values of a Parquet timestamp type: not text (quarantined as non_string_content)."""
+    import datetime
+
+    when = datetime.datetime(2024, 5, 1, 12, 30)
+    turns = [{"from": "human", "value": when}, {"from": "gpt", "value": when}]
+    pq.write_table(pa.table({"conversations": [turns]}), path)
+
+
 def build(root: str | os.PathLike) -> Corpus:
     root = Path(root).resolve()
     media, data = root / "media", root / "data"
@@ -198,15 +207,17 @@ def build(root: str | os.PathLike) -> Corpus:
         "UTF-8 BOM at the start of a file", "blank and whitespace-only lines", "CRLF line ends",
         "a .json file holding one object", "an empty .jsonl file", "a .json file that is not JSON",
         "Parquet binary column holding UTF-8 text", "Parquet binary column holding image bytes",
+        "Parquet timestamp turn value",
     ]  # fmt: skip
     (data / "one.json").write_text(json.dumps(sg(("human", "single object file"), A)))
     (data / "empty.jsonl").write_text("")
     (data / "broken.json").write_text('[{"conversations": [')
     _binary_parquet(data / "binary.parquet", (media / "ok" / "photo.png").read_bytes())
+    _timestamp_parquet(data / "timestamp.parquet")
     config = root / "mmpack.yaml"
     dataset = {"name": "corpus", "paths": ["data/*"], "media_root": "media"}
     config.write_text(yaml.safe_dump({"datasets": [dataset]}))
-    return Corpus(root, config, [k for k, _ in kinds] + file_kinds, records=len(kinds) + 4)
+    return Corpus(root, config, [k for k, _ in kinds] + file_kinds, records=len(kinds) + 5)
 
 
 if __name__ == "__main__":

@@ -156,3 +156,34 @@ def test_parquet_inputs_on_s3_are_split_by_their_row_groups(s3_bucket, tmp_path)
     assert [s.start for s in splits] == [0, 1, 2]
     read = [r for s in splits for r in inputs.read_split(s, storage) if r["records_read"] is None]
     assert [r["source_position"] for r in read] == list(range(6))
+
+
+def test_parquet_values_json_has_no_type_for_are_never_text(tmp_path):
+    """A timestamp, date or decimal turn value is quarantined as non-string content, naming
+    its type; the same types in a column the record does not read change nothing."""
+    import datetime
+    import decimal
+
+    from mmpack_udfs.normalize.records import parse_record
+    from mmpack_udfs.normalize.sharegpt import Rejected
+    from mmpack_udfs.reasons import Reason
+
+    when = datetime.datetime(2024, 5, 1, 12, 30)
+    values = {"timestamp": when, "date": when.date(), "decimal": decimal.Decimal("1.50")}
+    turns = pa.table(
+        {
+            name: pa.array([[{"from": "human", "value": value}, {"from": "gpt", "value": value}]])
+            for name, value in values.items()
+        }
+    )
+    text = [[{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]]
+    pq.write_table(turns.append_column("conversations", pa.array(text)).append_column("at", pa.array([when])),
+                   tmp_path / "x.parquet")  # fmt: skip
+    ((_, _, raw, error),), _ = records_of(one_file(tmp_path), 1 << 20)
+    record = json.loads(raw)
+    assert error is None and parse_record(record, DatasetSpec(name="d", paths=("x",), media_root=""))
+    for name, kind in (("timestamp", "datetime"), ("date", "date"), ("decimal", "Decimal")):
+        spec = DatasetSpec(name="d", paths=("x",), media_root="", columns=(("messages", name),))
+        with pytest.raises(Rejected) as rejected:
+            parse_record(record, spec)
+        assert rejected.value.reason == Reason.NON_STRING_CONTENT and f"a {kind} value" in str(rejected.value)
