@@ -116,18 +116,14 @@ def published_packs(
                 f"{', '.join(have)}); set eval.fraction or datasets[].eval_samples and re-run pack"
             )
     packs = {"train": (root, manifest)} if "train" in wanted else {}
-    if "val" in wanted:
-        eval_root = schemas.packed_eval_uri(output)
+    if "val" in wanted:  # the evaluation pack the training manifest names (loader.dataset's rule)
+        from loader.dataset import load_split
+        from loader.source import ShardError
+
         try:
-            eval_manifest = schemas.load_manifest(fs.join(eval_root, schemas.MANIFEST_NAME), storage)
-        except schemas.ManifestError as err:
-            raise ExportRefused(f"{err}; the training manifest names an evaluation pack") from err
-        if eval_manifest.get("run_id") != manifest["eval"]["run_id"]:
-            raise ExportRefused(
-                f"the evaluation pack under {eval_root} is of run {eval_manifest.get('run_id')}, the "
-                f"training manifest names run {manifest['eval']['run_id']}: re-run pack"
-            )
-        packs["val"] = (eval_root, eval_manifest)
+            packs["val"] = (schemas.packed_eval_uri(output), load_split(root, "eval", storage))
+        except ShardError as err:
+            raise ExportRefused(str(err)) from err
     return packs
 
 
@@ -194,9 +190,8 @@ def write_tar(entry: Mapping[str, Any], dest: str, storage: fs.Storage) -> dict[
                 table = shard.read_row_group(group).combine_chunks()
                 for row in range(table.num_rows):
                     key = f"{entry['split']}-{entry['shard']:05d}-{figures['bins']:06d}"
-                    location = {
-                        key: entry[key] for key in ("split", "shard", "profile", "profile_digest")
-                    } | {"row": figures["bins"]}
+                    came_from = ("split", "shard", "profile", "profile_digest")
+                    location = {field: entry[field] for field in came_from} | {"row": figures["bins"]}
                     for name, payload in bin_members(table, row, location, storage):
                         _add(tar, f"{key}.{name}", payload)
                     figures["bins"] += 1
