@@ -34,11 +34,11 @@ from common import (
     ensure_image_demo,
     machine,
     parse_with_smoke,
+    timed_tokens,
 )
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, reraise_exception
 
 from loader import PackedDataset, balance
-from loader.energon import EqualSteps, MmpackTaskEncoder, load_export, steps_per_rank
+from loader.energon import EqualSteps, MmpackTaskEncoder, epoch_loader, load_export, steps_per_rank
 from loader.megatron import megatron_batch
 from mmpack_udfs.export import energon
 from mmpack_udfs.io import fs
@@ -85,34 +85,15 @@ def throughput(seconds: float, bins: int, written: int) -> dict:
             "mb_per_s": round(written / seconds / 1e6, 2), "bytes": written}  # fmt: skip
 
 
-def energon_loader(export: Path, encoder: MmpackTaskEncoder, rank: int, world: int, workers: int):
-    config = WorkerConfig(
-        rank=rank, world_size=world, num_workers=workers, global_error_handler=reraise_exception
-    )
-    dataset = get_train_dataset(str(export), worker_config=config, task_encoder=encoder, batch_size=None,
-                                **encoder.one_epoch)  # fmt: skip
-    return get_savable_loader(dataset)
-
-
 def rate(batches) -> dict:
-    started, bins, tokens = time.perf_counter(), 0, 0
-    for batch in batches:
-        bins += 1
-        tokens += batch["meta"]["num_tokens"]
-    seconds = time.perf_counter() - started
-    return {
-        "bins": bins,
-        "tokens": tokens,
-        "seconds": round(seconds, 2),
-        "tokens_per_s": round(tokens / seconds),
-    }
+    return timed_tokens(batch["meta"]["num_tokens"] for batch in batches)
 
 
 def loaders(out: Path, export: Path) -> dict:
     """One epoch in one process: PackedDataset + megatron_batch vs Energon + MmpackTaskEncoder."""
     dataset = PackedDataset(str(out / "packed"), shuffle=False)
     torch_side = rate(megatron_batch(item) for item in dataset)
-    energon_side = rate(energon_loader(export, MmpackTaskEncoder(str(export)), 0, 1, 0))
+    energon_side = rate(epoch_loader(export, MmpackTaskEncoder(str(export)), 0, 1, 0))
     return {"PackedDataset + megatron_batch": torch_side, "Energon + MmpackTaskEncoder": energon_side}
 
 
@@ -122,7 +103,7 @@ def energon_plan(export: Path, index_rows: dict, world: int) -> balance.Balanced
     steps = steps_per_rank(str(export), world, WORKERS)
     columns, fillers = [], []
     for rank in range(world):
-        batches = EqualSteps(energon_loader(export, encoder, rank, world, WORKERS), steps)
+        batches = EqualSteps(epoch_loader(export, encoder, rank, world, WORKERS), steps)
         came = [
             (b["meta"]["source"]["shard"], b["meta"]["source"]["row"], b["meta"]["filler"]) for b in batches
         ]

@@ -17,17 +17,25 @@ Results: bench/out/loader_media.json; copy the table into bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from common import OUT, SMOKE_DEMO_BUDGET, SMOKE_DEMO_SAMPLES, ensure_image_demo, machine, parse_with_smoke
+from common import (
+    OUT,
+    SMOKE_DEMO_BUDGET,
+    SMOKE_DEMO_SAMPLES,
+    ensure_image_demo,
+    machine,
+    parse_with_smoke,
+    timed_tokens,
+)
 from PIL import Image
 
 from loader import PackedDataset, vision
@@ -108,19 +116,7 @@ def read(packed: Path, pixel_dtype: str, bins: int, today: bool = False) -> dict
 
 def _read(packed: Path, pixel_dtype: str, bins: int) -> dict:
     dataset = PackedDataset(str(packed), shuffle=False, balance=False, pixel_dtype=pixel_dtype)
-    started, count, tokens = time.perf_counter(), 0, 0
-    for item in dataset:
-        count += 1
-        tokens += len(item["input_ids"])
-        if count == bins:
-            break
-    seconds = time.perf_counter() - started
-    return {
-        "bins": count,
-        "tokens": tokens,
-        "seconds": round(seconds, 2),
-        "tokens_per_s": round(tokens / seconds),
-    }
+    return timed_tokens(len(item["input_ids"]) for item in itertools.islice(dataset, bins))
 
 
 def main() -> None:

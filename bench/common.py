@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,20 @@ def ensure_image_demo(samples: int, budget: int | None = None, name: str = "load
             command += ["--set", f"pack.budget={budget}"]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return out / "packed"
+
+
+def timed_tokens(tokens_per_item: Iterable[int]) -> dict:
+    """Items, tokens and tokens/s of iterating ``tokens_per_item`` (each item's token count)."""
+    started, items, tokens = time.perf_counter(), 0, 0
+    for count in tokens_per_item:
+        items, tokens = items + 1, tokens + count
+    seconds = time.perf_counter() - started
+    return {
+        "bins": items,
+        "tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds),
+    }
 
 
 def machine() -> str:

@@ -63,6 +63,13 @@ def distributed_rank() -> tuple[int, int]:
 PIXEL_DTYPES = ("float32", "bfloat16", "uint8")
 
 
+def checked_pixel_dtype(pixel_dtype: str) -> str:
+    """``pixel_dtype`` if it is one the loaders hand pixels over in (``PIXEL_DTYPES``)."""
+    if pixel_dtype not in PIXEL_DTYPES:
+        raise ValueError(f"pixel_dtype must be one of {', '.join(PIXEL_DTYPES)}, got {pixel_dtype!r}")
+    return pixel_dtype
+
+
 class PackedDataset(IterableDataset):
     """Bins of ``manifest_uri`` (a manifest.json, its folder, or s3://...), each trained exactly
     once per epoch across ranks × workers, in a deterministic (seed, epoch) order; every
@@ -97,9 +104,7 @@ class PackedDataset(IterableDataset):
         split: str = "train",
     ) -> None:
         super().__init__()
-        if pixel_dtype not in PIXEL_DTYPES:
-            raise ValueError(f"pixel_dtype must be one of {', '.join(PIXEL_DTYPES)}, got {pixel_dtype!r}")
-        self.pixel_dtype = pixel_dtype
+        self.pixel_dtype = checked_pixel_dtype(pixel_dtype)
         self.storage = fs.Storage(s3 if isinstance(s3, fs.S3Options) else fs.S3Options.from_config(s3))
         self.manifest = load_split(fs.normalize_uri(manifest_uri), split, self.storage)
         self.media_encoding = self.manifest.get("media_encoding", "file")

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from loader.dataset import IGNORE, PIXEL_DTYPES, Bins, Pixels
+from loader.dataset import IGNORE, Bins, Pixels, checked_pixel_dtype
 from loader.megatron import INSTALL, megatron_batch, unexpressible
 from mmpack_udfs import schemas
 from mmpack_udfs.io import fs
@@ -131,8 +131,7 @@ class MmpackTaskEncoder(DefaultTaskEncoder):
         storage: fs.Storage = fs.LOCAL,
     ) -> None:
         super().__init__()
-        if pixel_dtype not in PIXEL_DTYPES:
-            raise ValueError(f"pixel_dtype must be one of {', '.join(PIXEL_DTYPES)}, got {pixel_dtype!r}")
+        checked_pixel_dtype(pixel_dtype)
         manifest = load_export(export, storage)
         self.profile_name, self.profile = manifest["profile"], manifest["profile_settings"]
         self.profile_digest = schemas.profile_digest(self.profile)
@@ -166,6 +165,20 @@ class MmpackTaskEncoder(DefaultTaskEncoder):
         batch = megatron_batch(item, **self.batch_options)
         batch["meta"].update(key=sample.__key__, source=came_from, subflavors=sample.__subflavors__ or {})
         return batch
+
+
+def epoch_loader(path: str | Any, encoder: MmpackTaskEncoder, rank: int, world_size: int, num_workers: int):
+    """Energon's savable loader of one epoch (``ONE_EPOCH``) of an export or a metadataset
+    for data-parallel ``rank``; a failing bin raises instead of being skipped."""
+    from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, reraise_exception
+
+    config = WorkerConfig(
+        rank=rank, world_size=world_size, num_workers=num_workers, global_error_handler=reraise_exception
+    )
+    dataset = get_train_dataset(
+        str(path), worker_config=config, task_encoder=encoder, batch_size=None, **ONE_EPOCH
+    )
+    return get_savable_loader(dataset)
 
 
 def steps_per_rank(

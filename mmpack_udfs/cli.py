@@ -197,10 +197,9 @@ def run_export_energon(args: argparse.Namespace) -> int:
 
     ctx = context_from_args(args)
     splits = [s.strip() for s in args.splits.split(",")] if args.splits else None
-    energon.published_packs(ctx.output, ctx.storage, splits)  # refusals before Spark starts
-    energon.refuse_non_empty(fs.normalize_uri(args.to), ctx.storage)
+    packs = energon.checked_packs(ctx, args.to, splits)  # refusals before Spark starts
     spark = get_spark(ctx.config.spark, args.master, verbose=args.verbose)
-    energon.run(spark, ctx, args.to, splits)
+    energon.run(spark, ctx, args.to, splits, packs)
     return EXIT_OK
 
 

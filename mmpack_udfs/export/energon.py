@@ -57,14 +57,15 @@ class ExportRefused(MmpackError, ValueError):
     exit_code = EXIT_BAD_CONFIG
 
 
-def run(spark, ctx: RunContext, dest: str, splits: list[str] | None = None) -> dict[str, Any]:
+def run(
+    spark, ctx: RunContext, dest: str, splits: list[str] | None = None, packs: Mapping | None = None
+) -> dict[str, Any]:
     """Export ``OUT/packed`` (and ``OUT/packed-eval`` as ``val``) to ``dest``; returns the
-    export manifest. Raises ExportRefused (exit 2) before anything is written."""
+    export manifest. Raises ExportRefused (exit 2) before anything is written. ``packs``: what
+    ``checked_packs`` returned for the same arguments (the CLI checks before Spark starts)."""
     started = time.time()
     storage, dest = ctx.storage, fs.normalize_uri(dest).rstrip("/")
-    packs = published_packs(ctx.output, storage, splits)
-    refuse_untrainable(first(packs))
-    refuse_non_empty(dest, storage)
+    packs = packs if packs is not None else checked_packs(ctx, dest, splits)
     entries = [
         {
             "split": split,
@@ -95,6 +96,17 @@ def run(spark, ctx: RunContext, dest: str, splits: list[str] | None = None) -> d
 
 
 # -- driver: what is exported, and what is refused ------------------------------------------
+def checked_packs(
+    ctx: RunContext, dest: str, splits: list[str] | None
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The packs to export (``published_packs``) once every refusal passed: ExportRefused
+    for an untrainable pack or a DEST that is not empty."""
+    packs = published_packs(ctx.output, ctx.storage, splits)
+    refuse_untrainable(first(packs))
+    refuse_non_empty(fs.normalize_uri(dest).rstrip("/"), ctx.storage)
+    return packs
+
+
 def published_packs(
     output: str, storage: fs.Storage, splits: list[str] | None
 ) -> dict[str, tuple[str, dict[str, Any]]]:

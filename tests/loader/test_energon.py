@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, reraise_exception
 from torch.utils.data import DataLoader
 
 from loader import PackedDataset
 from loader.collate import VISION_INPUTS, collate_packed
-from loader.energon import EqualSteps, MmpackTaskEncoder, load_export, steps_per_rank
+from loader.energon import EqualSteps, MmpackTaskEncoder, epoch_loader, load_export, steps_per_rank
 from loader.megatron import megatron_batch
 from tests.loader.test_megatron import check_labels
 
@@ -32,14 +31,7 @@ BOUNDARIES = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlen
 def energon_loader(
     path: Path, encoder: MmpackTaskEncoder, rank: int, world: int = WORLD, workers: int = WORKERS
 ):
-    """Energon's savable loader of one epoch of ``path`` for ``rank`` (errors raised, never skipped)."""
-    config = WorkerConfig(
-        rank=rank, world_size=world, num_workers=workers, global_error_handler=reraise_exception
-    )
-    dataset = get_train_dataset(
-        str(path), worker_config=config, task_encoder=encoder, batch_size=None, **encoder.one_epoch
-    )
-    return get_savable_loader(dataset)
+    return epoch_loader(path, encoder, rank, world, workers)
 
 
 def bin_key(batch: dict[str, Any]) -> tuple:
