@@ -43,7 +43,7 @@ class Cluster:
     def alive_workers(self) -> int:
         try:
             workers = get_json(f"{self.web}/json/")["workers"]
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or an empty page while it starts
             return 0
         return sum(w["state"] == "ALIVE" for w in workers)
 
