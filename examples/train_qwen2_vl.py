@@ -59,6 +59,7 @@ from loader.training import (
     step_supervised_tokens,
     token_losses,
     traced_samples,
+    weighted_sum,
     with_idle_media,
 )
 
@@ -154,7 +155,7 @@ def accumulate_step(
         with gradient_sync(wrapped, sync=i == len(group) - 1):
             losses, positions = token_losses(wrapped, inputs)
             # DDP and FSDP average gradients over ranks: scale by world size to get the global sum
-            (losses.sum() * world / supervised).backward()
+            (weighted_sum(losses, positions, inputs) * world / supervised).backward()
         per_dataset += dataset_losses(losses, positions, inputs, datasets).cpu()
     return per_dataset, supervised
 

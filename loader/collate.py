@@ -32,10 +32,12 @@ VISION_INPUTS = (  # concatenated across bins in order
 
 class PackedBatch(dict):
     """The keyword arguments of one forward pass (``model(**batch)``), and ``meta``: what the
-    batch holds (``sample_ids``, ``sample_datasets`` and ``sample_supervised_tokens`` of the
-    real samples, ``sample_sequences`` (each one's sequence among ``cu_seq_lens_q``'s),
+    batch holds (``sample_ids``, ``sample_datasets``, ``sample_supervised_tokens`` and
+    ``sample_weights`` (each one's loss weight) of the real samples, ``sample_sequences``
+    (each one's sequence among ``cu_seq_lens_q``'s),
     ``pairs`` (each preference pair's (chosen, rejected) indices into ``sample_ids``),
     ``sequence_datasets`` (each sequence's dataset, None for fillers and padding),
+    ``sequence_weights`` (each sequence's loss weight, 1 for fillers and padding),
     ``num_tokens``, ``supervised_tokens``, ``num_bins``, ``fillers``, per bin
     ``bin_tokens`` and ``bin_sum_sq_lengths`` (its attention cost); ``num_tiles`` for
     internvl), kept out of the model's arguments.
@@ -138,6 +140,10 @@ def collate_packed(
         "sample_supervised_tokens": [
             n for b in items if not b.get("filler") for n in _supervised_per_sample(b)
         ],
+        "sample_weights": [w for b in items if not b.get("filler") for w in _weights(b)],
+        # the loss weight of every sequence of cu_seq_lens (1: a filler's, the padding)
+        "sequence_weights": [w for b in items for w in _weights(b)]
+        + [1.0] * (pad_to is not None and pad > 0),
         "num_tokens": total,
         "supervised_tokens": int((labels != IGNORE).sum()),
         "num_bins": len(items),
@@ -189,6 +195,11 @@ def _samples_and_pairs(items: Sequence[dict[str, Any]]) -> tuple[list[int], list
 def _datasets(item: dict[str, Any]) -> list[str | None]:
     """Each sequence's dataset (None where unknown: fillers, items built by hand, older shards)."""
     return item.get("sample_datasets") or [None] * (len(item["cu_seqlens"]) - 1)
+
+
+def _weights(item: dict[str, Any]) -> list[float]:
+    """Each sequence's loss weight (1 where none is given: fillers, older shards)."""
+    return item.get("sample_weights") or [1.0] * (len(item["cu_seqlens"]) - 1)
 
 
 def _seq_idx(items: Sequence[dict[str, Any]], pad: int) -> torch.Tensor:

@@ -38,7 +38,7 @@ from mmpack_udfs.pack import costs
 
 MEDIA_ENCODINGS = ("file", "patches8")  # docs/FORMAT.md: what media[].data holds
 TOKEN_COLUMNS = ["input_ids", "labels", "cu_seqlens", "sample_ids", "num_tokens"]
-PER_SAMPLE_COLUMNS = schemas.ADDED_SHARD_COLUMNS  # sample_datasets, sample_pair_sides: read when present
+PER_SAMPLE_COLUMNS = schemas.ADDED_SHARD_COLUMNS  # sample_datasets, _pair_sides, _weights: when present
 SPLITS = ("train", "eval")
 # what mRoPE reads of media (the fields of families' ``vision_blocks``)
 MROPE_FIELDS = [
@@ -265,8 +265,7 @@ def _as_filler(item: dict[str, Any]) -> dict[str, Any]:
         **item,
         "labels": torch.full_like(item["labels"], IGNORE),
         "sample_ids": [],
-        "sample_datasets": [],
-        "sample_pair_sides": [],
+        **{name: [] for name in PER_SAMPLE_COLUMNS},
         "filler": True,
     }
 

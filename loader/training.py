@@ -1,9 +1,10 @@
 """What one training step does with ``PackedBatch`` es, whatever runs the loop (our DDP and
 FSDP2 example, transformers' ``Trainer`` through ``loader.trainer``).
 
-- ``summed_loss``: cross-entropy summed over the batch's supervised tokens, logits only
-  where a label is supervised; a step divides the sum of its micro-batches by
-  ``step_supervised_tokens`` (every rank, every micro-batch of the optimizer step).
+- ``summed_loss``: cross-entropy summed over the batch's supervised tokens (each weighted by
+  its sample's loss weight), logits only where a label is supervised; a step divides the
+  sum of its micro-batches by ``step_supervised_tokens`` (every rank, every micro-batch of
+  the optimizer step).
 - ``with_idle_media``: under FSDP or ZeRO-3 every rank must run the vision tower as often
   as the others (its parameters are gathered collectively, once per call), so a micro-batch
   without images (videos) gets one tiny image (video) of its own: a separate masked sample,
@@ -40,8 +41,24 @@ def token_losses(model: torch.nn.Module, batch: PackedBatch) -> tuple[torch.Tens
 
 
 def summed_loss(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """Cross-entropy summed over the batch's supervised tokens (``token_losses``)."""
-    return token_losses(model, batch)[0].sum()
+    """Cross-entropy summed over the batch's supervised tokens (``token_losses``), each token's
+    times its sample's loss weight (``weighted_sum``)."""
+    return weighted_sum(*token_losses(model, batch), batch)
+
+
+def weighted_sum(losses: torch.Tensor, positions: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """Σ weight × loss over the tokens of ``token_losses``: each token weighs its sample's loss
+    weight (``meta["sequence_weights"]``; a sample's ``weight`` times its dataset's
+    ``loss_weight``). The step's normaliser stays its supervised tokens: a weight scales what a
+    sample contributes, it does not re-average the step."""
+    weights = batch.meta.get("sequence_weights")
+    if not weights or all(w == 1 for w in weights):
+        return losses.sum()
+    of_sequence = torch.tensor(weights, dtype=losses.dtype, device=losses.device)
+    sequence = torch.searchsorted(sequence_bounds(batch, losses.device), positions, right=True) - 1
+    if len(positions) and int(sequence.max()) >= len(weights):
+        raise ValueError("a supervised token lies after the batch's listed sequences (idle media are masked)")
+    return (losses * of_sequence[sequence]).sum()
 
 
 def sequence_bounds(batch: PackedBatch, device: torch.device) -> torch.Tensor:

@@ -26,6 +26,7 @@ class Reason(StrEnum):
     PREFERENCE_MISSING_SIDE = "preference_missing_side"
     PREFERENCE_IDENTICAL_SIDES = "preference_identical_sides"
     PREFERENCE_MEDIA_MISMATCH = "preference_media_mismatch"
+    INVALID_WEIGHT = "invalid_weight"
     # tokenize stage
     MEDIA_UNSUPPORTED = "media_unsupported"
     TOO_LONG = "too_long"
@@ -73,6 +74,10 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.PREFERENCE_IDENTICAL_SIDES: "a preference pair's chosen and rejected answers are the same",
     Reason.PREFERENCE_MEDIA_MISMATCH: (
         "a preference pair's two answers hold different media: both sequences of a pair must see the same"
+    ),
+    Reason.INVALID_WEIGHT: (
+        "the record's loss weight is not a finite number >= 0, or a preference pair carries one "
+        "(pairs take no per-sample weight)"
     ),
     Reason.MEDIA_UNSUPPORTED: (
         "the media cannot be taken faithfully: an aspect ratio or frame count the profile refuses, "

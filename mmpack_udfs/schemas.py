@@ -49,6 +49,7 @@ SAMPLES = pa.schema(
         # a preference pair (datasets with ``ranking: true``): the rejected answer, which takes the
         # place of the last turn (the chosen answer); null for an SFT conversation
         pa.field("rejected", pa.string()),
+        pa.field("weight", pa.float64(), nullable=False),  # the record's loss weight (1: none given)
     ]
 )
 
@@ -111,6 +112,7 @@ TOKENIZED = pa.schema(
         # a preference pair's sequence: "chosen" (sample id <parent>-chosen) or "rejected"
         # (<parent>-rejected), packed side by side in one bin; null for an SFT sample
         pa.field("pair_side", pa.string()),
+        pa.field("weight", pa.float64(), nullable=False),  # samples.weight
     ]
 )
 
@@ -167,6 +169,9 @@ SHARD = pa.schema(
         # each sample's pair side (null: not a preference pair); a pair's chosen sequence is
         # immediately followed by its rejected one. Added within version 1
         pa.field("sample_pair_sides", pa.list_(pa.string()), nullable=False),
+        # each sample's loss weight: its record's weight times its dataset's loss_weight (1:
+        # plain); added within version 1
+        pa.field("sample_weights", pa.list_(pa.float64()), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),
         pa.field("num_samples", pa.int32(), nullable=False),
         pa.field("image_tokens", pa.int32(), nullable=False),
@@ -178,7 +183,8 @@ SHARD = pa.schema(
     ]
 )
 
-ADDED_SHARD_COLUMNS = ("sample_datasets", "sample_pair_sides")  # in the order they were added
+# in the order they were added
+ADDED_SHARD_COLUMNS = ("sample_datasets", "sample_pair_sides", "sample_weights")
 
 
 def is_shard_schema(schema: pa.Schema) -> bool:

@@ -246,6 +246,23 @@ def mixed_demo(spark, demo, tokenized_demo, tmp_path_factory) -> tuple[Path, Run
     return out, ctx
 
 
+LOSS_WEIGHTS = {"sharegpt_jsonl": 0.5, "custom_parquet": 3.0}  # the weighted demo's; openai_json: 1
+
+
+@pytest.fixture(scope="session")
+def weighted_demo(spark, demo, tokenized_demo, tmp_path_factory) -> tuple[Path, RunContext]:
+    """(output root, run context) of ``mixed_run`` with datasets' ``loss_weight`` (``LOSS_WEIGHTS``):
+    weighted copies and a weighted evaluation split; packed once per session (read-only)."""
+    from mmpack_udfs.pack import stage as pack
+
+    out = fresh_output(tokenized_demo, tmp_path_factory.mktemp("weighted"))
+    ctx = mixed_run(demo, out)
+    datasets = ctx.config.as_dict()["datasets"]
+    ctx = with_datasets(ctx, [{**d, "loss_weight": LOSS_WEIGHTS.get(d["name"], 1.0)} for d in datasets])
+    pack.run(spark, ctx)
+    return out, ctx
+
+
 @pytest.fixture(scope="session")
 def energon_export(spark, packed_demo, family_run, mixed_demo, tmp_path_factory):
     """``energon_export(name)``: a pack exported as an Energon dataset (``mmpack export

@@ -231,6 +231,9 @@ class ColumnsConfig(Section):
     history: OptionalKey = Field(None, description="alpaca: earlier [instruction, output] pairs")
     chosen: OptionalKey = Field(None, description="ranking datasets: the chosen answer")
     rejected: OptionalKey = Field(None, description="ranking datasets: the rejected answer")
+    weight: OptionalKey = Field(
+        None, description="the sample's loss weight, a number >= 0 (default key: weight; absent: 1)"
+    )
 
 
 class TagsConfig(Section):
@@ -282,6 +285,11 @@ class DatasetConfig(Section):
         1.0,
         description="repeat factor of its training samples: 2 = every sample twice, 0.3 = a deterministic "
         "30 % subset, 1.5 = once plus a deterministic half (README: Mixing datasets and evaluation)",
+    )
+    loss_weight: Weight = Field(
+        1.0,
+        description="multiplies the loss of each of its samples' tokens (times a record's own `weight`); "
+        "unlike `weight`, no sample is repeated (README: Per-sample loss weights)",
     )
     max_samples: OptionalPositiveInt = Field(
         None,

@@ -102,7 +102,8 @@ def checked_packs(
     """The packs to export (``published_packs``) once every refusal passed: ExportRefused
     for an untrainable pack or a DEST that is not empty."""
     packs = published_packs(ctx.output, ctx.storage, splits)
-    refuse_untrainable(first(packs))
+    for _, manifest in packs.values():
+        refuse_untrainable(manifest)
     refuse_non_empty(fs.normalize_uri(dest).rstrip("/"), ctx.storage)
     return packs
 
@@ -146,13 +147,20 @@ def first(packs: Mapping[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 
 def refuse_untrainable(manifest: Mapping[str, Any]) -> None:
     """ExportRefused for a pack Megatron-Core's THD batches would not train exactly: its
-    family's bins (``loader.megatron.unexpressible``) or its preference pairs."""
+    family's bins (``loader.megatron.unexpressible``), its preference pairs, or per-sample loss
+    weights (Megatron's loss divides by the loss mask's sum: a weight there would re-average)."""
     from loader.megatron import unexpressible
 
     if manifest.get("preference"):
         raise ExportRefused(
             "this pack holds preference pairs (DPO); the Energon export feeds Megatron-Core's SFT "
             "batches: train pairs with loader.trainer.PackedDPOTrainer"
+        )
+    weighted = manifest["totals"].get("weighted_samples", 0)
+    if weighted:
+        raise ExportRefused(
+            f"{weighted} samples carry a loss weight other than 1; Megatron-Core's loss has no "
+            "per-sample weight: train them with the torch loader (loader.training.summed_loss)"
         )
     reason = unexpressible(manifest["config"]["profiles"][manifest["profile"]])
     if reason:

@@ -45,6 +45,11 @@ def specs_of(datasets: Iterable[DatasetConfig], storage: fs.Storage = fs.LOCAL) 
         for spec in _expand(entry, storage):
             if spec.name in specs:
                 raise ConfigError(f"datasets: two datasets are named '{spec.name}'")
+            if spec.ranking and entry.loss_weight != 1:
+                raise ConfigError(
+                    f"datasets '{entry.name}': preference pairs take no loss_weight (mmpack's DPO loss "
+                    "has no per-sample weight)"
+                )
             specs[spec.name] = spec
     ranking = sorted(name for name, spec in specs.items() if spec.ranking)
     if ranking and len(ranking) != len(specs):

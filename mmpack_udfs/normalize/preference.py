@@ -53,6 +53,8 @@ def parse_preference(record: Any, spec: DatasetSpec) -> Conversation:
         raise Rejected(Reason.MALFORMED_RECORD, f"expected an object, got {type(record).__name__}")
     prompt, chosen, rejected, m = _sides(record, spec)
     _refuse_audio_column(record, m)
+    if record.get(m.columns["weight"]) is not None:
+        raise Rejected(Reason.INVALID_WEIGHT, "a preference pair takes no per-sample loss weight")
     for name, side in (("chosen", chosen), ("rejected", rejected)):
         if side is None or side[1] in ([], None):
             raise Rejected(Reason.PREFERENCE_MISSING_SIDE, f"no {name} answer")

@@ -106,6 +106,7 @@ class RecordNormalizer:
             "turns": [{"role": r, "text": t} for r, t in conversation.turns],
             "media": [info.as_row() for info in infos],
             "rejected": conversation.rejected,
+            "weight": conversation.weight,
         }
 
     def _media(

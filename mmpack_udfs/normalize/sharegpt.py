@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -39,6 +40,7 @@ COLUMN_DEFAULTS = {
     "audios": "audios",
     "chosen": "chosen",  # preference pairs (ranking: true): the two answers
     "rejected": "rejected",
+    "weight": "weight",  # the sample's loss weight
 }
 ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "history": "history"}
 DIALECTS: dict[str, dict[str, dict[str, Any]]] = {
@@ -164,6 +166,7 @@ class Conversation:
     turns: list[tuple[str, str]]
     media: list[tuple[str, MediaRef]] = field(default_factory=list)  # (kind, reference)
     rejected: str | None = None  # a preference pair's rejected answer (the last turn is the chosen one)
+    weight: float = 1.0  # the record's loss weight
 
 
 def detect_dialect(record: Mapping[str, Any], spec: DatasetSpec) -> str:
@@ -192,7 +195,20 @@ def parse_conversation(record: Any, spec: DatasetSpec) -> Conversation:
     _check_order(turns)
     images = _media_list(record, mapping.columns["images"]) + _media_list(record, mapping.columns["image"])
     videos = _media_list(record, mapping.columns["videos"])
-    return Conversation(system=system, turns=turns, media=_fill_slots(slots, images, videos))
+    media = _fill_slots(slots, images, videos)
+    return Conversation(system=system, turns=turns, media=media, weight=record_weight(record, mapping))
+
+
+def record_weight(record: Mapping[str, Any], m: KeyMap) -> float:
+    """The record's loss weight (its ``weight`` key): a finite number >= 0; 1 when absent or null."""
+    value = record.get(m.columns["weight"])
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise Rejected(
+            Reason.INVALID_WEIGHT, f"{m.columns['weight']} must be a finite number >= 0, got {value!r}"
+        )
+    return float(value)
 
 
 def _refuse_audio_column(record: Mapping[str, Any], m: KeyMap) -> None:

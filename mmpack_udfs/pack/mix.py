@@ -47,6 +47,7 @@ class DatasetMix:
     weight: float = 1.0
     max_samples: int | None = None
     eval_samples: int | None = None
+    loss_weight: float = 1.0  # multiplies each of its samples' own loss weight in the shards
 
     def chooses_nothing(self, settings: MixSettings) -> bool:
         """Whether every row just trains int(weight) times: a whole weight, no cap, no held-out rows."""
@@ -72,7 +73,13 @@ class MixSettings:
         keys its entry gave)."""
         return cls(
             datasets=tuple(
-                DatasetMix(d["name"], d.get("weight", 1.0), d.get("max_samples"), d.get("eval_samples"))
+                DatasetMix(
+                    d["name"],
+                    d.get("weight", 1.0),
+                    d.get("max_samples"),
+                    d.get("eval_samples"),
+                    d.get("loss_weight", 1.0),
+                )
                 for d in config["datasets"]
             ),
             eval_fraction=config.get("eval", {}).get("fraction", 0.0),
@@ -85,6 +92,14 @@ class MixSettings:
         LLaMA-Factory ``dataset_info`` entry gets; a dataset not in the config trains once."""
         by_name = {d.name: d for d in self.datasets}
         return by_name.get(dataset) or by_name.get(dataset.split("/", 1)[0]) or DatasetMix(dataset)
+
+    def sample_weights(self, datasets: pa.ChunkedArray, weights: pa.ChunkedArray) -> pa.Array:
+        """Each row's loss weight in the shards: its own (``weight``) times its dataset's
+        ``loss_weight``."""
+        encoded = pc.dictionary_encode(datasets).combine_chunks()
+        factors = np.array([self.of(name).loss_weight for name in encoded.dictionary.to_pylist()], np.float64)
+        own = weights.combine_chunks().to_numpy(zero_copy_only=False)
+        return pa.array(own * factors[encoded.indices.to_numpy(zero_copy_only=False)], pa.float64())
 
     def facts(self) -> dict[str, Any]:
         """What a run id depends on."""

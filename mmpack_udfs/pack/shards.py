@@ -32,6 +32,7 @@ TOKENIZED_COLUMNS = [
     "supervised_tokens",
     "media",
     "pair_side",
+    "weight",
 ]
 
 
@@ -102,6 +103,9 @@ def build_bins(
         ),
         "sample_pair_sides": pa.ListArray.from_arrays(
             pa.array(row_offsets.astype(np.int32)), taken.column("pair_side").chunk(0)
+        ),
+        "sample_weights": pa.ListArray.from_arrays(
+            pa.array(row_offsets.astype(np.int32)), taken.column("weight").chunk(0)
         ),
         "num_tokens": pa.array(bin_tokens.astype(np.int32)),
         "num_samples": pa.array(np.diff(row_offsets).astype(np.int32)),
@@ -207,6 +211,7 @@ class WrittenShard:
     bytes: int
     sha256: str
     row_groups: int
+    weighted_samples: int = 0  # samples whose loss weight is not 1
 
 
 def write_shard(
@@ -219,7 +224,7 @@ def write_shard(
     """Write one shard from ``batches`` (each at most one row group of bins; streamed, so a
     shard of large embedded media is never whole in memory). A file under its final name is
     always complete (``fs.atomic_output``); it is hashed on the way out."""
-    rows = samples = tokens = 0
+    rows = samples = tokens = weighted = 0
     with storage.atomic_output(fs.join(packed_root, relative_path)) as stream:
         sink = _HashingSink(stream)
         with pq.ParquetWriter(
@@ -230,6 +235,8 @@ def write_shard(
                 rows += batch.num_rows
                 samples += int(pc.sum(batch.column("num_samples")).as_py() or 0)
                 tokens += int(pc.sum(batch.column("num_tokens")).as_py() or 0)
+                weights = pc.list_flatten(batch.column("sample_weights"))
+                weighted += int(pc.sum(pc.not_equal(weights, 1.0)).as_py() or 0)
     return WrittenShard(
         path=relative_path,
         rows=rows,
@@ -238,4 +245,5 @@ def write_shard(
         bytes=sink.size,
         sha256=sink.sha256.hexdigest(),
         row_groups=-(-rows // bins_per_row_group),
+        weighted_samples=weighted,
     )

@@ -65,6 +65,7 @@ WRITTEN = pa.struct(  # shards.WrittenShard
         ("bytes", pa.int64()),
         ("sha256", pa.string()),
         ("row_groups", pa.int64()),
+        ("weighted_samples", pa.int64()),
     ]
 )
 SHARD_RESULT = pa.schema(
@@ -207,13 +208,15 @@ def _count_column(name: str, column: pa.ChunkedArray) -> pa.Array:
 
 
 def read_rows(spark, tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage):
-    """The tokenized rows the shard tasks build bins from (Spark), ``pair_side`` null where the
-    table predates it."""
+    """The tokenized rows the shard tasks build bins from (Spark): ``pair_side`` null and
+    ``weight`` 1 where the table predates them."""
     from pyspark.sql import functions as F
 
     rows = tables.read_table(spark, tokenized_uri, storage, snap=snap)
     if "pair_side" not in snap.schema.names:
         rows = rows.withColumn("pair_side", F.lit(None).cast("string"))
+    if "weight" not in snap.schema.names:
+        rows = rows.withColumn("weight", F.lit(1.0).cast("double"))
     return rows.select(*shards.TOKENIZED_COLUMNS)
 
 
@@ -398,6 +401,8 @@ def write_placed_shard(
         per_group = settings.bins_per_row_group
         for rows in row_tables:
             rows_in += rows.num_rows
+            weights = settings.mix.sample_weights(rows.column("dataset"), rows.column("weight"))
+            rows = rows.set_column(rows.schema.get_field_index("weight"), "weight", weights)
             order = pc.sort_indices(rows, [("bin_row", "ascending"), ("position", "ascending")])  # no copy
             bin_rows = rows.column("bin_row").to_numpy()
             per_bin = np.bincount(bin_rows)  # zero for the shard's bins before this table's
@@ -663,6 +668,7 @@ def build_manifest(
             "tokens": tokens,
             "bytes": sum(s["bytes"] for s in shard_list),
             "skipped": skipped,
+            "weighted_samples": sum(s["weighted_samples"] for s in shard_list),
             "lower_bound_bins": -(-tokens // settings.budget),
             "fill": round(tokens / (bins * settings.budget), 6) if bins else 0.0,
         },

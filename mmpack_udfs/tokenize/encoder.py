@@ -130,6 +130,7 @@ class Tokenized:
     video_tokens: int = 0
     over_length: bool = False  # cut down to max_tokens (truncate) or a piece of a split sample
     pair_side: str | None = None  # "chosen" | "rejected" for a preference pair's sequences
+    weight: float = 1.0  # the sample's loss weight (every piece of a split sample keeps it)
 
 
 class SampleTokenizer:
@@ -497,6 +498,7 @@ def _append_joined(pieces: list[Piece], media: list[Piece]) -> None:
 
 def _assemble(sample_id: str, sample, plans, pieces, enc: Encoded) -> Tokenized:
     result = Tokenized(sample_id, sample["sample_id"], sample["dataset"], enc.ids, enc.labels)
+    result.weight = sample.get("weight", 1.0)  # a samples table written before weights has none
     runs: dict[int, list[int]] = {}  # media index -> token offsets of its pad runs
     offset = 0
     for piece, length in zip(pieces, enc.lengths, strict=True):
@@ -602,6 +604,7 @@ def to_record_batch(rows: Sequence[Tokenized]) -> pa.RecordBatch:
         "supervised_tokens": pa.array(supervised),
         "media": pa.array([r.media for r in rows], TOKENIZED.field("media").type),
         "pair_side": pa.array([r.pair_side for r in rows], pa.string()),
+        "weight": pa.array([r.weight for r in rows], pa.float64()),
     }
     return pa.RecordBatch.from_pydict(columns, schema=TOKENIZED)
 

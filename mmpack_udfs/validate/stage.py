@@ -282,6 +282,8 @@ def bin_problems(bins: pa.Table, budget: int) -> list[str]:
         if "sample_datasets" in bins.column_names:
             bad["sample_datasets: length != num_samples"] = list_lengths(bins["sample_datasets"]) != samples
         bad["a sample twice in one bin (copies go to different bins)"] = _repeated_samples(bins)
+        if "sample_weights" in bins.column_names:
+            bad.update(_weight_problems(bins["sample_weights"], samples))
         if "sample_pair_sides" in bins.column_names:
             bad["sample_pair_sides: length != num_samples"] = (
                 list_lengths(bins["sample_pair_sides"]) != samples
@@ -294,6 +296,18 @@ def bin_problems(bins: pa.Table, budget: int) -> list[str]:
         bad.update(_label_problems(bins))
         bad.update(_media_problems(bins, tokens))
     return [_describe(message, mask) for message, mask in bad.items() if mask.any()]
+
+
+def _weight_problems(weights: pa.ChunkedArray, samples: np.ndarray) -> dict[str, np.ndarray]:
+    """Bins whose sample weights are not one finite number >= 0 per sample."""
+    wrong_length = list_lengths(weights) != samples
+    if wrong_length.any():
+        return {"sample_weights: length != num_samples": wrong_length}
+    flat = pc.list_flatten(weights).to_numpy(zero_copy_only=False)
+    bad_value = ~np.isfinite(flat) | (flat < 0)
+    owner = owner_of_elements(samples)
+    bad_bins = np.bincount(owner[bad_value], minlength=len(samples)) > 0
+    return {"sample_weights: not a finite number >= 0": bad_bins}
 
 
 def _repeated_samples(bins: pa.Table) -> np.ndarray:

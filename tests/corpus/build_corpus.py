@@ -166,6 +166,13 @@ def records() -> list[tuple[str, object]]:
         ("random bytes named .mp4", sg(q_vid, A, videos=["odd/garbage.mp4"])),
         ("an image given as a video", sg(q_vid, A, videos=[img])),
         ("unknown extra fields", sg(Q, A, id="x-1", meta={"source": "web", "score": 0.3})),
+        ("loss weight 0.5", sg(("human", "Weighted half?"), A, weight=0.5)),
+        ("loss weight 0 (trains nothing)", sg(("human", "Weighted zero?"), A, weight=0)),
+        ("null loss weight (means 1)", sg(("human", "Weighted null?"), A, weight=None)),
+        ("loss weight given as text", sg(("human", "Weighted text?"), A, weight="2")),
+        ("negative loss weight", sg(("human", "Weighted negative?"), A, weight=-1)),
+        ("boolean loss weight", sg(("human", "Weighted true?"), A, weight=True)),
+        ("NaN loss weight", sg(("human", "Weighted NaN?"), A, weight=float("nan"))),  # json writes NaN
     ]
 
 

@@ -19,6 +19,31 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 IMAGE_PAD, VIDEO_PAD = 151655, 151656
 
 
+def record_weights(out) -> dict[str, float]:
+    """Tokenized sample id → the weight its record gave (the samples table's, by parent)."""
+    from mmpack_udfs.io import fs, tables
+
+    def read(name: str, *columns: str) -> list[list]:
+        rows = tables.read_arrow(str(out / "tables" / name), fs.LOCAL, columns=list(columns))
+        return [rows[c].to_pylist() for c in columns]
+
+    weight = dict(zip(*read("samples", "sample_id", "weight"), strict=True))
+    return {s: weight[p] for s, p in zip(*read("tokenized", "sample_id", "parent_id"), strict=True)}
+
+
+def shard_weights(packed, manifest) -> dict[str, float]:
+    """sample id → its weight in the shards."""
+    import pyarrow.parquet as pq
+
+    found = {}
+    for shard in manifest["shards"]:
+        table = pq.read_table(packed / shard["path"], columns=["sample_ids", "sample_weights"])
+        ids, weights = table["sample_ids"].to_pylist(), table["sample_weights"].to_pylist()
+        for bin_ids, bin_weights in zip(ids, weights, strict=True):
+            found.update(zip(bin_ids, bin_weights, strict=True))
+    return found
+
+
 def test_the_corpus_goes_through_the_pipeline_and_the_loader(spark, tmp_path, capsys):
     from mmpack_udfs.normalize import stage as normalize
     from mmpack_udfs.pack import stage as pack
@@ -48,7 +73,13 @@ def test_the_corpus_goes_through_the_pipeline_and_the_loader(spark, tmp_path, ca
     assert summary["ok"], summary["problems"]
     assert summary["source"]["rows"] == summary["samples"] + summary["skipped"]
 
+    assert normalized["reasons"]["invalid_weight"] == 4  # as text, negative, boolean, NaN
     manifest = json.loads((tmp_path / "out" / "packed" / "manifest.json").read_text())
+    recorded = record_weights(tmp_path / "out")
+    packed = shard_weights(tmp_path / "out" / "packed", manifest)
+    assert packed == {s: recorded[s] for s in packed}  # each sample's weight, from its record
+    assert sorted(w for w in packed.values() if w != 1) == [0.0, 0.5]  # null: 1
+    assert manifest["totals"]["weighted_samples"] == 2
     bins = 0
     for item in PackedDataset(str(tmp_path / "out" / "packed"), shuffle=False):  # with media
         batch = collate_packed([item])

@@ -23,6 +23,7 @@ from tests.conftest import (
     CAP,
     EVAL_SAMPLES,
     FRACTION,
+    LOSS_WEIGHTS,
     PACKED_DEMO_SETTINGS,
     demo_run,
     fresh_output,
@@ -38,16 +39,15 @@ def mixed(mixed_demo):
     return mixed_demo
 
 
-def placements(root: Path) -> list[tuple[str, str, int]]:
-    """(sample_id, dataset, bin number) of every sample in a pack's shards."""
+def placements(root: Path, columns: tuple[str, ...] = ("sample_ids", "sample_datasets")) -> list[tuple]:
+    """(sample_id, dataset, ..., bin number) of every sample in a pack's shards: each sample's
+    entry of the per-sample ``columns``, then its bin's number."""
     manifest = json.loads((root / "manifest.json").read_text())
     out, bin_number = [], 0
     for shard in manifest["shards"]:
-        table = pq.read_table(root / shard["path"], columns=["sample_ids", "sample_datasets"])
-        for ids, datasets in zip(
-            table["sample_ids"].to_pylist(), table["sample_datasets"].to_pylist(), strict=True
-        ):
-            out += [(i, d, bin_number) for i, d in zip(ids, datasets, strict=True)]
+        table = pq.read_table(root / shard["path"], columns=list(columns))
+        for row in zip(*(table[c].to_pylist() for c in columns), strict=True):
+            out += [(*sample, bin_number) for sample in zip(*row, strict=True)]
             bin_number += 1
     return out
 
@@ -208,3 +208,55 @@ def test_the_trainer_evaluates_the_split_overall_and_per_dataset(mixed, tmp_path
     assert metrics["eval_loss"] == pytest.approx(sum(sums.values()) / sum(tokens.values()), rel=1e-5)
     for name in tokens:
         assert metrics[f"eval_loss/{name}"] == pytest.approx(sums[name] / tokens[name], rel=1e-5)
+
+
+def weighted_placements(root: Path) -> list[tuple[str, str, float, int]]:
+    """(sample_id, dataset, loss weight, bin number) of every sample in a pack's shards."""
+    return placements(root, ("sample_ids", "sample_datasets", "sample_weights"))
+
+
+def test_loss_weights_reach_every_copy_and_the_evaluation_split_and_move_nothing(mixed, weighted_demo):
+    out, _ = weighted_demo
+    for pack_dir in ("packed", "packed-eval"):
+        weighted = weighted_placements(out / pack_dir)
+        assert [w for _, d, w, _ in weighted] == [LOSS_WEIGHTS.get(d, 1.0) for _, d, _, _ in weighted]
+        # the same bins as without loss weights: a weight changes the loss, not the packing
+        assert [(s, d, b) for s, d, _, b in weighted] == placements(mixed[0] / pack_dir)
+    train = weighted_placements(out / "packed")
+    assert {d for _, d, w, _ in train if w != 1} == set(LOSS_WEIGHTS)  # copies (weight 2) included
+    assert {d for _, d, w, _ in weighted_placements(out / "packed-eval") if w != 1} == set(LOSS_WEIGHTS)
+    manifest = json.loads((out / "packed/manifest.json").read_text())
+    assert manifest["totals"]["weighted_samples"] == sum(w != 1 for _, _, w, _ in train)
+
+
+def test_a_weighted_packed_loss_is_the_weighted_sum_of_each_sample_alone(weighted_demo):
+    """summed_loss (what PackedTrainer's step sums) on two bins of a real tiny Qwen2-VL equals
+    Σ weight × (the sample's summed loss run alone, as transformers computes it)."""
+    import itertools
+
+    import torch
+
+    from loader import collate_packed
+    from loader.training import summed_loss
+    from tests.loader.test_model_parity import alone, sample_media
+    from tests.loader.test_training import tiny_qwen2_vl
+
+    out, _ = weighted_demo
+    bins = [b for b in PackedDataset(str(out / "packed"), shuffle=False) if len(set(b["sample_weights"])) > 1]
+    batch = collate_packed(sorted(bins, key=lambda b: len(b["input_ids"]))[:2])
+    weights, cu = batch.meta["sequence_weights"], batch.meta["cu_seq_lens"]
+    assert len(set(weights)) > 1 and len(weights) == len(cu) - 1
+    model = tiny_qwen2_vl().eval()
+    expected, unweighted = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        packed = summed_loss(model, batch).double()
+        media = sample_media(batch, cu)
+        for (a, b), weight, mine in zip(itertools.pairwise(cu), weights, media, strict=True):
+            labels = batch["labels"][0, a:b]
+            supervised = int((labels[1:] != -100).sum())
+            if supervised:
+                single = alone(model, batch["input_ids"][0, a:b], labels, mine).loss.double() * supervised
+                expected += weight * single
+                unweighted += single
+    torch.testing.assert_close(packed, expected, rtol=1e-5, atol=0)
+    assert abs(packed - unweighted) > 1e-3 * unweighted  # the weights matter in this batch

@@ -149,3 +149,17 @@ def test_the_loss_per_dataset_is_the_per_sample_losses_grouped_by_hand(packed_de
         assert per_dataset[1, i].item() == expected[name][1]
         assert per_dataset[0, i].item() == pytest.approx(expected[name][0], rel=1e-5)
     assert per_dataset[1].sum().item() == batch.meta["supervised_tokens"]  # the filler counts nothing
+
+
+def test_each_tokens_loss_weighs_its_samples_weight():
+    from loader.training import weighted_sum
+
+    batch = text_batch((9, 6, 11))  # sequences [0, 9), [9, 15), [15, 26)
+    positions = torch.tensor([1, 8, 9, 14, 15, 25])  # the first and last token of each
+    losses = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert weighted_sum(losses, positions, batch) == 21.0  # no weights given: each 1
+    batch.meta["sequence_weights"] = [1.0, 0.5, 2.0]
+    assert weighted_sum(losses, positions, batch) == 1 + 2 + 0.5 * (3 + 4) + 2 * (5 + 6)
+    batch.meta["sequence_weights"] = [1.0, 0.5]
+    with pytest.raises(ValueError, match="after the batch's listed sequences"):
+        weighted_sum(losses, positions, batch)

@@ -135,7 +135,7 @@ def test_the_evaluation_pack_goes_out_as_the_val_split(energon_export, mixed_dem
 
 
 def test_refusals_exit_2_naming_what_before_writing(
-    energon_export, packed_demo, family_run, preference_run, tmp_path, capsys
+    energon_export, packed_demo, family_run, preference_run, weighted_demo, tmp_path, capsys
 ):
     def refused(out: Path, *extra: str, dest: Path | None = None) -> str:
         dest = dest or tmp_path / "dest"
@@ -159,6 +159,7 @@ def test_refusals_exit_2_naming_what_before_writing(
     assert "has no eval split to export as 'val'" in refused(packed_demo, "--splits", "val")
     assert "Gemma 3 bins" in refused(family_run("gemma3").output)
     assert "preference pairs (DPO)" in refused(preference_run.output)
+    assert "carry a loss weight other than 1" in refused(weighted_demo[0])
     assert not (tmp_path / "dest").exists()
 
 

@@ -148,3 +148,25 @@ def test_dataset_paths_resolve_against_the_config_directory():
     [spec] = specs_of([DatasetConfig.model_validate(entry)]).values()
     assert spec.paths == ("/cfg/data/*.jsonl",)
     assert spec.media_root == "s3://b/media"
+
+
+@pytest.mark.parametrize("given, weight", [({}, 1.0), ({"weight": None}, 1.0), ({"weight": 0}, 0.0),
+                                           ({"weight": 2.5}, 2.5), ({"score": 3}, 3.0)])  # fmt: skip
+def test_a_records_loss_weight_is_read_and_none_means_1(given, weight):
+    columns = (("weight", "score"),) if "score" in given else ()
+    spec = DatasetSpec(name="d", paths=("x.jsonl",), media_root="/media", columns=columns)
+    assert parse_record(sg(("human", "q"), ("gpt", "a"), **given), spec).weight == weight
+
+
+@pytest.mark.parametrize("weight", ["2", -1, float("nan"), float("inf"), True, [1]])
+def test_a_loss_weight_that_is_not_a_finite_number_at_least_0_is_quarantined(weight):
+    assert rejected(sg(("human", "q"), ("gpt", "a"), weight=weight)) == Reason.INVALID_WEIGHT
+
+
+def test_preference_pairs_take_no_loss_weight():
+    pairs = DatasetSpec(name="d", paths=("x.jsonl",), media_root="/media", ranking=True)
+    record = {"conversations": [{"from": "human", "value": "q"}], "chosen": "a", "rejected": "b", "weight": 2}
+    assert rejected(record, pairs) == Reason.INVALID_WEIGHT
+    entry = {"name": "p", "paths": "x.jsonl", "media_root": "/m", "ranking": True, "loss_weight": 2}
+    with pytest.raises(Exception, match="preference pairs take no loss_weight"):
+        specs_of([DatasetConfig.model_validate(entry)])

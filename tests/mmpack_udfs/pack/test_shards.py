@@ -51,6 +51,7 @@ def tokenized_rows(n: int, seed: int = 0) -> pa.Table:
         rows.append(
             {
                 "sample_id": f"s{i:04d}",
+                "dataset": "d",
                 "input_ids": ids.tolist(),
                 "labels": labels.tolist(),
                 "num_tokens": length,
@@ -58,6 +59,7 @@ def tokenized_rows(n: int, seed: int = 0) -> pa.Table:
                 "video_tokens": 4 * sum(m["kind"] == "video" for m in media),
                 "supervised_tokens": int((labels != -100).sum()),
                 "media": media,
+                "weight": (1.0, 0.5, 2.0)[i % 3],
             }
         )
     schema = pa.schema([schemas.TOKENIZED.field(c) for c in shards.TOKENIZED_COLUMNS])
@@ -82,6 +84,7 @@ def decode(batch: pa.RecordBatch) -> dict[str, dict]:
                 "input_ids": row["input_ids"][cu[i] : cu[i + 1]],
                 "labels": row["labels"][cu[i] : cu[i + 1]],
                 "media": media,
+                "weight": row["sample_weights"][i],
             }
     return samples
 
@@ -108,6 +111,7 @@ def test_bins_decode_back_to_exactly_the_rows(bins_per_shard):
     for sid, got in decoded.items():
         want = expected[sid]
         assert got["input_ids"] == want["input_ids"] and got["labels"] == want["labels"]
+        assert got["weight"] == want["weight"]
         assert len(got["media"]) == len(want["media"])
         for g, w in zip(got["media"], want["media"], strict=True):
             assert g["data"] == w["uri"].encode()
