@@ -10,7 +10,7 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train bench-energon clean
+.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train bench-energon bench-webdataset clean
 
 setup: java $(STAMP)
 
@@ -102,6 +102,9 @@ dist: setup
 # conf/defaults.yaml and the README's configuration reference, from mmpack_udfs/config/model.py
 config-docs: setup
 	$(BIN)/python -m mmpack_udfs.config.docs
+
+bench-webdataset: setup
+	$(BIN)/python bench/bench_webdataset.py --sizes-mb 64 1024 4096
 
 bench-normalize: setup
 	$(BIN)/python bench/bench_normalize.py --sizes 10000 100000

@@ -96,6 +96,7 @@ def _batch(n: int, rng: np.random.Generator) -> pa.RecordBatch:
             pa.array(np.zeros(n + 1, np.int32)), pa.array([], schemas.TOKENIZED_MEDIA)
         ),
         "pair_side": pa.nulls(n, pa.string()),
+        "weight": pa.array(np.ones(n)),
     }
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=schemas.TOKENIZED)
 

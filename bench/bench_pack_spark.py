@@ -86,6 +86,7 @@ def _batch(index: np.ndarray, lengths: np.ndarray, rng) -> pa.RecordBatch:
         "supervised_tokens": pa.array((part - part // 2).astype(np.int32)),
         "media": pa.array([[]] * n, pa.list_(schemas.TOKENIZED_MEDIA)),
         "pair_side": pa.nulls(n, pa.string()),
+        "weight": pa.array(np.ones(n)),
     }
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=schemas.TOKENIZED)
 

@@ -27,6 +27,7 @@ class Reason(StrEnum):
     PREFERENCE_IDENTICAL_SIDES = "preference_identical_sides"
     PREFERENCE_MEDIA_MISMATCH = "preference_media_mismatch"
     INVALID_WEIGHT = "invalid_weight"
+    TAR_UNREADABLE = "tar_unreadable"
     # tokenize stage
     MEDIA_UNSUPPORTED = "media_unsupported"
     TOO_LONG = "too_long"
@@ -79,6 +80,10 @@ DESCRIPTIONS: dict[Reason, str] = {
         "the record's loss weight is not a finite number >= 0, or a preference pair carries one "
         "(pairs take no per-sample weight)"
     ),
+    Reason.TAR_UNREADABLE: (
+        "a WebDataset tar ends early or is corrupt: the keys before the damage are read, the rest of "
+        "the tar (the key being read included) is this one row"
+    ),
     Reason.MEDIA_UNSUPPORTED: (
         "the media cannot be taken faithfully: an aspect ratio or frame count the profile refuses, "
         "or a 16-bit / 32-bit / float image that 8-bit RGB would clip"
@@ -108,3 +113,4 @@ NORMALIZE_REASONS = frozenset(Reason) - TOKENIZE_REASONS
 PREFERENCE_REASONS = frozenset(  # normalize's, for ranking (preference) datasets only
     {Reason.PREFERENCE_MISSING_SIDE, Reason.PREFERENCE_IDENTICAL_SIDES, Reason.PREFERENCE_MEDIA_MISMATCH}
 )
+WEBDATASET_REASONS = frozenset({Reason.TAR_UNREADABLE})  # normalize's, for WebDataset tars only

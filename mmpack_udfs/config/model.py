@@ -258,8 +258,9 @@ class DatasetConfig(Section):
     paths: Annotated[
         str | list[str] | None, _rule("must be a path or a list of paths", _optional(_text_or_texts))
     ] = Field(None, description="files, directories or globs (local or s3://), relative to the config file")
-    format: Annotated[str, _choice("auto", "json", "jsonl", "parquet")] = Field(
-        "auto", description="auto | json | jsonl | parquet (auto: by file extension)"
+    format: Annotated[str, _choice("auto", "json", "jsonl", "parquet", "webdataset")] = Field(
+        "auto",
+        description="auto | json | jsonl | parquet | webdataset (auto: by extension, .tar: webdataset)",
     )
     dialect: Annotated[str, _choice("auto", "sharegpt", "openai", "alpaca")] = Field(
         "auto", description="auto | sharegpt | openai | alpaca (auto: per record, by which key is present)"

@@ -399,6 +399,7 @@ def _bad_records(rng: random.Random, images: list[str], videos: list[str], bad: 
         sg([("human", "<audio> What is this sound?"), ok_a], audios=["sounds/glass.wav"]),
         {"conversations": ["just a string"]},
         sg([ok_q, ok_a], images=[img], system=["not", "a", "string"]),
+        sg([ok_q, ok_a], images=[img], weight="heavy"),
     ]
     openai = [
         {"messages": []},

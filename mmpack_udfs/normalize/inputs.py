@@ -1,12 +1,14 @@
 """Input files → splits (driver) → raw records with their position (executors).
 
 A split is a unit of reading that one task handles: a byte range of a JSONL file, a
-whole JSON file, or one row group of a Parquet file. Each raw record keeps its source
-file and position so that any quarantine row points back at the exact input:
+whole JSON file, one row group of a Parquet file, or a whole WebDataset tar (streamed).
+Each raw record keeps its source file and position so that any quarantine row points back
+at the exact input:
 
 - JSONL: the byte offset where the line starts (blank lines are not records);
 - JSON:  the index of the element in the top-level array (a lone object is index 0);
-- Parquet: the row index in the file.
+- Parquet: the row index in the file;
+- WebDataset tar: the byte offset of the key's first member header (``webdataset``).
 
 Every split also reports how many records it read, independently of what happens to
 them later; the normalize job reconciles against that count.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -25,16 +27,19 @@ import pyarrow.parquet as pq
 
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs
-from mmpack_udfs.normalize import json_array
+from mmpack_udfs.normalize import json_array, webdataset
 from mmpack_udfs.normalize.sharegpt import BLOB_KEY, NON_TEXT_KEY, DatasetSpec
+from mmpack_udfs.reasons import Reason
 
 FORMATS_BY_EXTENSION = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".json": "json",
     ".parquet": "parquet",
+    ".tar": "webdataset",
 }
 READ_CHUNK = 1 << 20
+BATCH_BYTES = 32 << 20  # raw records handed on at a time, at most (about: one record may be larger)
 UTF8_BOM = b"\xef\xbb\xbf"
 
 SPLIT = pa.schema(
@@ -116,7 +121,7 @@ def detect_format(uri: str, configured: str, storage: fs.Storage = fs.LOCAL) -> 
     ext = os.path.splitext(uri)[1].lower()
     if ext not in FORMATS_BY_EXTENSION:
         raise InputError(
-            f"{uri}: cannot tell the format from '{ext}' (use .json, .jsonl or .parquet, "
+            f"{uri}: cannot tell the format from '{ext}' (use .json, .jsonl, .parquet or .tar, "
             "set the dataset's format, or narrow its paths)"
         )
     fmt = FORMATS_BY_EXTENSION[ext]
@@ -162,11 +167,19 @@ def _open(uri: str, storage: fs.Storage = fs.LOCAL):
     return filesystem.open_input_file(path)
 
 
-def read_split(split: Split, storage: fs.Storage = fs.LOCAL) -> Iterator[dict]:
-    """Raw records of one split, then one summary row with ``records_read``."""
-    reader = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[split.format]
+def read_split(
+    split: Split, storage: fs.Storage = fs.LOCAL, specs: Mapping[str, DatasetSpec] | None = None
+) -> Iterator[dict]:
+    """Raw records of one split, then one summary row with ``records_read``. ``specs``: the
+    datasets by name, which WebDataset tars need (the keys their records keep media under)."""
+    if split.format == "webdataset":
+        records = _read_webdataset(split, storage, (specs or {})[split.dataset])
+    else:
+        records = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[split.format](
+            split, storage
+        )
     count = 0
-    for record in reader(split, storage):
+    for record in records:
         count += 1
         yield _raw(split, record)
     yield {**_raw(split, RawRecord(-1, None)), "records_read": count}
@@ -270,6 +283,18 @@ def _read_parquet(split: Split, storage) -> Iterator[RawRecord]:
         yield RawRecord(offset + index, text, None, blobs or None)
 
 
+def _read_webdataset(split: Split, storage: fs.Storage, spec: DatasetSpec) -> Iterator[RawRecord]:
+    """One record per key of the tar, read as a stream (``webdataset``)."""
+    filesystem, path = storage.filesystem(split.uri)
+    with filesystem.open_input_stream(path) as stream:
+        for key in webdataset.keys(stream):
+            if isinstance(key, webdataset.Damage):
+                yield RawRecord(key.offset, None, f"{Reason.TAR_UNREADABLE}: {key.detail}")
+                continue
+            text, error, blobs = webdataset.record_of(key, spec)
+            yield RawRecord(key.offset, text, error, blobs or None)
+
+
 def _non_text(value: Any) -> dict[str, str]:
     """A Parquet value JSON has no type for (timestamp, date, time, duration, decimal) as a
     marked object, never as text: a turn holding one is quarantined (non_string_content)."""
@@ -297,16 +322,24 @@ def _set_aside(value: Any, blobs: list[bytes], key: str = "") -> Any:
 
 
 def read_splits_batches(
-    batches: Iterator[pa.RecordBatch], storage: fs.Storage = fs.LOCAL, batch_rows: int = 1000
+    batches: Iterator[pa.RecordBatch],
+    storage: fs.Storage = fs.LOCAL,
+    specs: Mapping[str, DatasetSpec] | None = None,
+    batch_rows: int = 1000,
+    batch_bytes: int = BATCH_BYTES,
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: split rows in, raw record rows out."""
+    """mapInArrow body: split rows in, raw record rows out, in batches of at most
+    ``batch_rows`` rows or about ``batch_bytes`` of text and inline media (tars and Parquet
+    files of large images: a task's memory stays flat however large its input)."""
     rows: list[dict] = []
+    held = 0
     for batch in batches:
         for split in batch.to_pylist():
-            for row in read_split(Split(**split), storage):
+            for row in read_split(Split(**split), storage, specs):
                 rows.append(row)
-                if len(rows) >= batch_rows:
+                held += len(row["raw"] or "") + sum(map(len, row["blobs"] or ()))
+                if len(rows) >= batch_rows or held >= batch_bytes:
                     yield pa.RecordBatch.from_pylist(rows, schema=RAW)
-                    rows = []
+                    rows, held = [], 0
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=RAW)

@@ -88,7 +88,8 @@ def _normalized_rows(spark, splits, specs, settings, storage):
 
     split_df = one_task_per_row(spark, inputs.splits_table(splits))
     raw = split_df.mapInArrow(
-        releasing(partial(inputs.read_splits_batches, storage=storage)), from_arrow_schema(inputs.RAW)
+        releasing(partial(inputs.read_splits_batches, storage=storage, specs=specs)),
+        from_arrow_schema(inputs.RAW),
     )
     tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
     normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(

@@ -10,9 +10,11 @@ reason, and what it packs must validate and load. ``KINDS`` lists them all.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,6 +202,49 @@ def _timestamp_parquet(path: Path) -> None:
     pq.write_table(pa.table({"conversations": [turns]}), path)
 
 
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    """A WebDataset tar of ``members``."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _webdataset(data: Path, media: Path) -> tuple[list[str], int]:
+    """WebDataset tars: good keys (media by name, by extension, by neither; a caption member
+    nothing names), a bad image member, a key without JSON, and a tar cut inside a key.
+    Returns their kinds and the records they hold."""
+    photo = (media / "ok" / "photo.jpg").read_bytes()
+    q_img = json.dumps(sg(("human", "<image> What is in the tar?"), A))
+
+    def record(**extra) -> bytes:
+        return json.dumps({**json.loads(q_img), **extra}).encode()
+
+    (data / "webdataset.tar").write_bytes(_tar([
+        ("k/a.json", json.dumps(sg(("human", "Text from a tar?"), A)).encode()), ("k/a.txt", b"caption"),
+        ("k/b.jpg", photo), ("k/b.json", record(images=["b.jpg"])),
+        ("k/c.0.jpg", photo), ("k/c.json", record(images=["0.jpg"])),
+        ("k/d.jpg", photo), ("k/d.json", record()),
+        ("k/e.jpg", b"not an image"), ("k/e.json", record()),
+        ("k/f.jpg", photo),
+    ]))  # fmt: skip
+    whole = _tar([(f"{k}.{e}", d) for k in "gh" for e, d in (("jpg", photo), ("json", record()))])
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        cut = tar.getmember("h.jpg").offset_data + len(photo) // 2
+    (data / "cut.tar").write_bytes(whole[:cut])  # inside h's image
+    kinds = [
+        "WebDataset key: a text-only record and a caption member",
+        "WebDataset key: image named by member name",
+        "WebDataset key: image named by extension", "WebDataset key: image found by extension",
+        "WebDataset key: a corrupt image member", "WebDataset key without JSON",
+        "WebDataset tar cut inside a key",
+    ]  # fmt: skip
+    return kinds, 6 + 2  # cut.tar: key g, then the damage
+
+
 def build(root: str | os.PathLike) -> Corpus:
     root = Path(root).resolve()
     media, data = root / "media", root / "data"
@@ -221,10 +266,12 @@ def build(root: str | os.PathLike) -> Corpus:
     (data / "broken.json").write_text('[{"conversations": [')
     _binary_parquet(data / "binary.parquet", (media / "ok" / "photo.png").read_bytes())
     _timestamp_parquet(data / "timestamp.parquet")
+    tar_kinds, tar_records = _webdataset(data, media)
     config = root / "mmpack.yaml"
     dataset = {"name": "corpus", "paths": ["data/*"], "media_root": "media"}
     config.write_text(yaml.safe_dump({"datasets": [dataset]}))
-    return Corpus(root, config, [k for k, _ in kinds] + file_kinds, records=len(kinds) + 5)
+    all_kinds = [k for k, _ in kinds] + file_kinds + tar_kinds
+    return Corpus(root, config, all_kinds, records=len(kinds) + 5 + tar_records)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def test_the_corpus_goes_through_the_pipeline_and_the_loader(spark, tmp_path, ca
     assert summary["source"]["rows"] == summary["samples"] + summary["skipped"]
 
     assert normalized["reasons"]["invalid_weight"] == 4  # as text, negative, boolean, NaN
+    assert normalized["reasons"]["tar_unreadable"] == 1  # the cut tar (its first key is a sample)
     manifest = json.loads((tmp_path / "out" / "packed" / "manifest.json").read_text())
     recorded = record_weights(tmp_path / "out")
     packed = shard_weights(tmp_path / "out" / "packed", manifest)

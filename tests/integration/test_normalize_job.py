@@ -12,7 +12,7 @@ import pytest
 
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.normalize import stage as normalize
-from mmpack_udfs.reasons import NORMALIZE_REASONS, PREFERENCE_REASONS, Reason
+from mmpack_udfs.reasons import NORMALIZE_REASONS, PREFERENCE_REASONS, WEBDATASET_REASONS, Reason
 from mmpack_udfs.schemas import table_uri
 from tests.conftest import demo_run, only_dataset, with_datasets
 
@@ -49,7 +49,8 @@ def test_every_reason_code_has_a_real_bad_record(first_run):
     out, summary = first_run
     reasons = set(quarantine_of(out).column("reason").to_pylist())
     # the SFT demo: every normalize reason but the preference ones (tests/integration/test_preference_job.py)
-    assert reasons == {r.value for r in NORMALIZE_REASONS - PREFERENCE_REASONS}
+    # and the WebDataset ones (tests/integration/test_bad_input_corpus.py)
+    assert reasons == {r.value for r in NORMALIZE_REASONS - PREFERENCE_REASONS - WEBDATASET_REASONS}
     assert summary["reasons"] == dict(sorted(summary["reasons"].items()))
 
 
