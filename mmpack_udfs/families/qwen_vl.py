@@ -45,6 +45,7 @@ from mmpack_udfs.reasons import Reason, Rejected
 class Qwen2VL(Family):
     kind = "qwen2_vl"
     mrope = True
+    rl_prompts = True
     media_tokens: ClassVar[dict[str, MediaTokens]] = {
         "image": MediaTokens(("<|vision_start|>",), "<|image_pad|>", ("<|vision_end|>",)),
         "video": MediaTokens(("<|vision_start|>",), "<|video_pad|>", ("<|vision_end|>",)),
@@ -125,6 +126,7 @@ class Qwen25VL(Qwen2VL):
 
 class Qwen3VL(Qwen2VL):
     kind = "qwen3_vl"
+    rl_prompts = False  # its thinking templates' generation prompts are not verified
     chat_modes: ClassVar[tuple[str, ...]] = ("qwen3", "qwen3_thinking")
 
     def plan_video(self, frames: int, fps: float, width: int, height: int) -> MediaPlan:

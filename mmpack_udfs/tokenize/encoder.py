@@ -235,6 +235,17 @@ class SampleTokenizer:
             )
         return pieces
 
+    def prompt_tokens(
+        self, system: str | None, turns: Sequence[Mapping[str, str]], plans: Sequence[MediaPlan]
+    ) -> int:
+        """Tokens of a prompt (``turns`` ending with a user turn, ``plans`` their media) as the
+        chat template renders it with ``add_generation_prompt``: every turn, then the header of
+        the model's turn (for families whose generation prompt is that header: ``rl_prompts``)."""
+        pieces = self.render(system, [*turns, {"role": "assistant", "text": ""}], plans)
+        header = next(i for i, p in enumerate(pieces) if p.turn == len(turns)) + 1  # after its start token
+        (encoded,) = self.encode([pieces])
+        return sum(encoded.lengths[: header + 1])
+
     def _starts_with_text(self, plan: MediaPlan, as_template: bool) -> bool:
         shape = self.profile.template_layout(plan.kind) if as_template else self.profile.media_layout(plan)
         return bool(shape) and shape[0][0] == "text"

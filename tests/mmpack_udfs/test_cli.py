@@ -26,6 +26,16 @@ def test_export_energon_without_a_published_pack_exits_2_before_spark(capsys, tm
     assert "the following arguments are required: --to" in capsys.readouterr().err
 
 
+def test_export_rl_without_tokenized_tables_exits_2_before_spark(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: pytest.fail("Spark started"))
+    args = ["export", "rl", "--out", str(tmp_path), "--to", str(tmp_path / "rl")]
+    assert cli.main([*args, "--max-prompt-length", "512"]) == cli.EXIT_BAD_CONFIG
+    assert "no tokenized table" in capsys.readouterr().err and not (tmp_path / "rl").exists()
+    with pytest.raises(SystemExit):
+        cli.main(args)
+    assert "the following arguments are required: --max-prompt-length" in capsys.readouterr().err
+
+
 def test_bad_config_exits_2_with_a_message(capsys, tmp_path):
     code = cli.main(["normalize", "--set", "normalize.nope=1", "--out", str(tmp_path)])
     assert code == cli.EXIT_BAD_CONFIG
