@@ -28,10 +28,10 @@ def write_tars(
     paths = []
     for first in range(0, len(records), keys_per_tar):
         paths.append(out / f"shard-{first // keys_per_tar:05d}.tar")
-        with tarfile.open(paths[-1], "w", format=tarfile.USTAR_FORMAT) as tar:
-            for index in range(first, min(first + keys_per_tar, len(records))):
-                for name, data in key_members(records[index], Path(media_root), index):
-                    _add(tar, name, data)
+        indices = range(first, min(first + keys_per_tar, len(records)))
+        paths[-1].write_bytes(
+            tar_bytes([m for i in indices for m in key_members(records[i], Path(media_root), i)])
+        )
     return paths
 
 
@@ -51,8 +51,13 @@ def key_members(record: dict, media_root: Path, index: int) -> list[tuple[str, b
     return [*members, (f"{key}.json", json.dumps(record, ensure_ascii=False).encode())]
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    """A member with no time, owner or mode: the same records give the same bytes."""
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
+def tar_bytes(members: Sequence[tuple[str, bytes]]) -> bytes:
+    """A tar of ``members`` (name, bytes) with no time, owner or mode: the same members give
+    the same bytes."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()

@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 import yaml
 from PIL import Image
 
+from mmpack_udfs.demo.webdataset import tar_bytes
+
 Q, A = ("human", "What is shown?"), ("gpt", "Something.")
 
 
@@ -202,17 +204,6 @@ def _timestamp_parquet(path: Path) -> None:
     pq.write_table(pa.table({"conversations": [turns]}), path)
 
 
-def _tar(members: list[tuple[str, bytes]]) -> bytes:
-    """A WebDataset tar of ``members``."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def _webdataset(data: Path, media: Path) -> tuple[list[str], int]:
     """WebDataset tars: good keys (media by name, by extension, by neither; a caption member
     nothing names), a bad image member, a key without JSON, and a tar cut inside a key.
@@ -223,7 +214,7 @@ def _webdataset(data: Path, media: Path) -> tuple[list[str], int]:
     def record(**extra) -> bytes:
         return json.dumps({**json.loads(q_img), **extra}).encode()
 
-    (data / "webdataset.tar").write_bytes(_tar([
+    (data / "webdataset.tar").write_bytes(tar_bytes([
         ("k/a.json", json.dumps(sg(("human", "Text from a tar?"), A)).encode()), ("k/a.txt", b"caption"),
         ("k/b.jpg", photo), ("k/b.json", record(images=["b.jpg"])),
         ("k/c.0.jpg", photo), ("k/c.json", record(images=["0.jpg"])),
@@ -231,7 +222,7 @@ def _webdataset(data: Path, media: Path) -> tuple[list[str], int]:
         ("k/e.jpg", b"not an image"), ("k/e.json", record()),
         ("k/f.jpg", photo),
     ]))  # fmt: skip
-    whole = _tar([(f"{k}.{e}", d) for k in "gh" for e, d in (("jpg", photo), ("json", record()))])
+    whole = tar_bytes([(f"{k}.{e}", d) for k in "gh" for e, d in (("jpg", photo), ("json", record()))])
     with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
         cut = tar.getmember("h.jpg").offset_data + len(photo) // 2
     (data / "cut.tar").write_bytes(whole[:cut])  # inside h's image

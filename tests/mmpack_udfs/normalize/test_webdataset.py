@@ -12,7 +12,7 @@ import boto3
 import pytest
 
 from mmpack_udfs.demo import data as demo_data
-from mmpack_udfs.demo.webdataset import REFERENCE_FORMS, write_tars
+from mmpack_udfs.demo.webdataset import REFERENCE_FORMS, tar_bytes, write_tars
 from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import inputs, media, records
 from mmpack_udfs.normalize.sharegpt import DatasetSpec
@@ -94,16 +94,6 @@ def test_tars_give_the_samples_their_records_give_in_jsonl(demo_records, tmp_pat
         assert first[1]["source_position"] == next(m.offset for m in tar if m.name.startswith("000001."))
 
 
-def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def test_bad_tars_and_members_are_quarantined_with_reasons_and_counted(demo_records, tmp_path):
     found, root = demo_records
     image = next((root / r["images"][0]).read_bytes() for r in found if r.get("images"))
@@ -129,9 +119,9 @@ def test_bad_tars_and_members_are_quarantined_with_reasons_and_counted(demo_reco
     rows = normalized(raws, root, tmp_path / "m")
     assert counted == len(raws) == len(rows) == 9
     reasons = [r.get("reason") if r["kind"] != ROW_KIND_SAMPLE else "sample" for r in rows]
+    # a.tar: keys 1 to 4; b.tar: keys a and b, then c cut; c.tar: key a, then b (it may have had more)
     assert reasons == ["sample", "media_unreadable", "missing_conversation", "sample",
-                       "sample", "sample", "tar_unreadable",  # b.tar: keys a and b, then c cut
-                       "sample", "tar_unreadable"]  # fmt: skip  c.tar: key a; b may have had more
+                       "sample", "sample", "tar_unreadable", "sample", "tar_unreadable"]  # fmt: skip
     assert "k/3.jpg" in rows[2]["raw"] and "no .json member" in rows[2]["detail"]
     assert rows[6]["source_position"] == key_c.offset  # where the key being read starts
     assert "end-of-archive" in rows[8]["detail"]
