@@ -14,6 +14,7 @@ import fnmatch
 import glob
 import hashlib
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -170,8 +171,9 @@ class Storage:
     @contextmanager
     def atomic_output(self, uri: str) -> Iterator[Any]:
         """An output stream whose content appears under ``uri`` only once it is complete: locally
-        a dot-temporary file in the same folder, renamed at the end (removed on failure); on S3
-        an upload, which becomes visible when it completes."""
+        a dot-temporary file of this writer's own (process and thread: two tasks may write the
+        same content-addressed file at once) in the same folder, renamed at the end (removed on
+        failure); on S3 an upload, which becomes visible when it completes."""
         fs, path = self.filesystem(uri)
         if is_s3(uri):
             with fs.open_output_stream(path) as stream:
@@ -179,7 +181,7 @@ class Storage:
             return
         folder, name = os.path.split(path)
         fs.create_dir(folder, recursive=True)
-        temporary = os.path.join(folder, f".{name}.tmp")
+        temporary = os.path.join(folder, f".{name}.{os.getpid()}-{threading.get_ident()}.tmp")
         stream = fs.open_output_stream(temporary)
         try:
             yield stream
