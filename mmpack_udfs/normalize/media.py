@@ -45,7 +45,7 @@ class ProbeSettings:
     video_check_frames: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MediaInfo:
     kind: str
     uri: str
@@ -89,9 +89,10 @@ def data_uri_bytes(reference: str) -> bytes:
         ) from err
 
 
-def resolve(reference: str, media_root: str) -> str:
+def resolve(reference: str, media_root: str, real_dirs: dict[str, str] | None = None) -> str:
     """The URI of ``reference`` under ``media_root``; Rejected if it would leave the root, or
-    if it is a URL (nothing is downloaded)."""
+    if it is a URL (nothing is downloaded). ``real_dirs``: a cache of directories' real paths
+    that the caller keeps for a task (see ``real_path``)."""
     ref = reference.replace("\\", "/")
     scheme = ref.split(":", 1)[0].lower() if ":" in ref else ""
     if scheme in REMOTE_SCHEMES:
@@ -108,11 +109,28 @@ def resolve(reference: str, media_root: str) -> str:
         return fs.join(media_root, relative)
     root = os.path.abspath(media_root)
     path = os.path.join(root, relative)
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
+    real_root = _real_dir(root, real_dirs)
+    real = real_path(path, real_dirs)
     if real != real_root and not real.startswith(real_root + os.sep):
         raise Rejected(Reason.MEDIA_PATH_ESCAPE, f"{reference!r} resolves outside the media root")
     return path
+
+
+def _real_dir(directory: str, cache: dict[str, str] | None) -> str:
+    if cache is None:
+        return os.path.realpath(directory)
+    if directory not in cache:
+        cache[directory] = os.path.realpath(directory)
+    return cache[directory]
+
+
+def real_path(path: str, real_dirs: dict[str, str] | None = None) -> str:
+    """``os.path.realpath(path)``, with its directory's real path taken from ``real_dirs`` (filled
+    on first use): the directory's real path joined with the name, unless the name is itself a
+    link. One ``lstat`` a file instead of one per path component."""
+    directory, name = os.path.split(path)
+    candidate = os.path.join(_real_dir(directory, real_dirs), name)
+    return os.path.realpath(candidate) if os.path.islink(candidate) else candidate
 
 
 def _link_problem(path: str) -> str:
@@ -127,6 +145,12 @@ def _link_problem(path: str) -> str:
 
 def probe(kind: str, uri: str, settings: ProbeSettings, storage: fs.Storage = fs.LOCAL) -> MediaInfo:
     """Probe one media file; raise Rejected with the reason it cannot be used."""
+    return probe_file(kind, uri, file_status(uri, storage), settings, storage)
+
+
+def file_status(uri: str, storage: fs.Storage = fs.LOCAL) -> pafs.FileInfo:
+    """The file's size and modification time; Rejected when it is missing, a link to nothing or
+    not a file."""
     try:
         info = storage.file_info(uri)
     except OSError as err:
@@ -139,9 +163,16 @@ def probe(kind: str, uri: str, settings: ProbeSettings, storage: fs.Storage = fs
         raise Rejected(Reason.MEDIA_MISSING, uri)
     if info.type != pafs.FileType.File:
         raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri} is not a file")
+    return info
+
+
+def probe_file(
+    kind: str, uri: str, status: pafs.FileInfo, settings: ProbeSettings, storage: fs.Storage = fs.LOCAL
+) -> MediaInfo:
+    """Probe a file whose ``file_status`` is ``status``; raise Rejected if it cannot be used."""
     if kind == "image":
         return probe_image(uri, storage.read_bytes(uri), settings)
-    return probe_video(uri, info.size, settings, storage)
+    return probe_video(uri, status.size, settings, storage)
 
 
 IMAGE_SUFFIXES = {
@@ -235,7 +266,9 @@ def _frames_that_decode(capture, claimed: int) -> int:
 
 
 def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -> MediaInfo:
-    capture = cv2.VideoCapture(path)
+    # One decoding thread: the same frames as FFmpeg's default of one per core, at a quarter less
+    # CPU for short clips (threads are started per file), and tasks already use every core.
+    capture = cv2.VideoCapture(path, cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, 1])
     try:
         if not capture.isOpened():
             raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: OpenCV cannot open it as a video")

@@ -13,6 +13,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -36,6 +37,15 @@ if TYPE_CHECKING:
 
 LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 CHUNK_ROWS = 500  # records a task holds as Python objects at a time (Spark's batches: up to 10,000)
+FILE_PROBES_KEPT = 1 << 16  # media files' probe results a Python worker keeps (~30 MB at most)
+
+ProbeCache = OrderedDict  # key -> media.MediaInfo | Rejected, the oldest first
+
+# Media files' probe results, kept by the Python worker across its tasks (Spark reuses a worker
+# for task after task): a file that several records name, in any of the worker's tasks, is
+# decoded once. Keyed by the file's size and modification time as well as its URI, so that a
+# file changed between two runs in one worker is probed again.
+_file_probes: ProbeCache = OrderedDict()
 
 
 def parse_record(record: Any, spec: DatasetSpec) -> Conversation:
@@ -49,7 +59,7 @@ class NormalizeSettings:
     probe: media.ProbeSettings
     media_dir: str = ""  # where inline media (bytes in the input, data: URIs) are written
     max_raw_chars: int = 1 << 20
-    probe_cache_size: int = 4096
+    probe_cache_size: int = 4096  # inline media's probe results a task keeps
 
     @classmethod
     def from_config(cls, section: NormalizeConfig, media_dir: str) -> NormalizeSettings:
@@ -74,8 +84,9 @@ class RecordNormalizer:
         self.specs = specs
         self.settings = settings
         self.storage = storage
-        self._probed: OrderedDict[tuple[str, str], media.MediaInfo | Rejected] = OrderedDict()
+        self._probed: ProbeCache = OrderedDict()  # inline media, by content
         self._written: set[str] = set()  # inline media files this worker has put in place
+        self._real_dirs: dict[str, str] = {}  # media directories' real paths (media.resolve)
 
     def __call__(self, raw: Mapping) -> dict:
         """The output row for one raw record (see ``schemas.NORMALIZED``)."""
@@ -120,10 +131,11 @@ class RecordNormalizer:
             return self._inline(kind, blobs[ref.index], ref.name)
         if media.is_data_uri(ref):
             return self._inline(kind, media.data_uri_bytes(ref), "")
-        uri = media.resolve(ref, spec.media_root)
-        return uri, self._cached(
-            (kind, uri), lambda: media.probe(kind, uri, self.settings.probe, self.storage)
-        )
+        uri = media.resolve(ref, spec.media_root, self._real_dirs)
+        status = media.file_status(uri, self.storage)
+        key = (kind, uri, status.size, status.mtime_ns, self.settings.probe)
+        probe = partial(media.probe_file, kind, uri, status, self.settings.probe, self.storage)
+        return uri, _cached(_file_probes, FILE_PROBES_KEPT, key, probe)
 
     def _inline(self, kind: str, data: bytes, name: str) -> tuple[str, media.MediaInfo]:
         """Probe inline bytes like a file, then keep them as a content-addressed file under
@@ -141,21 +153,8 @@ class RecordNormalizer:
                 self._written.add(uri)
             return dataclasses.replace(info, uri=uri)
 
-        return f"sha256:{digest}", self._cached((kind, f"sha256:{digest}"), probe)
-
-    def _cached(self, key: tuple[str, str], probe: Callable[[], media.MediaInfo]) -> media.MediaInfo:
-        """The probe result of ``key`` (a media item), probing it at most once while cached."""
-        if key not in self._probed:
-            try:
-                self._probed[key] = probe()
-            except Rejected as rejected:
-                self._probed[key] = rejected
-            if len(self._probed) > self.settings.probe_cache_size:
-                self._probed.popitem(last=False)
-        result = self._probed[key]
-        if isinstance(result, Rejected):
-            raise result
-        return result
+        key = (kind, f"sha256:{digest}")
+        return key[1], _cached(self._probed, self.settings.probe_cache_size, key, probe)
 
     def _quarantine(self, raw: Mapping, rejected: Rejected) -> dict:
         text = raw["raw"] or ""
@@ -168,6 +167,24 @@ class RecordNormalizer:
             "raw": text[:limit],
             "raw_truncated": len(text) > limit,
         }
+
+
+def _cached(
+    cache: ProbeCache, kept: int, key: tuple, probe: Callable[[], media.MediaInfo]
+) -> media.MediaInfo:
+    """The probe result of ``key`` (a media item), probing it at most once while ``cache`` keeps
+    it (its ``kept`` latest items); raise the Rejected that probing raised."""
+    if key not in cache:
+        try:
+            cache[key] = probe()
+        except Rejected as rejected:
+            cache[key] = rejected
+        if len(cache) > kept:
+            cache.popitem(last=False)
+    result = cache[key]
+    if isinstance(result, Rejected):
+        raise result
+    return result
 
 
 def parse_json(text: str) -> Any:

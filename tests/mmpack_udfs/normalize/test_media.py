@@ -41,6 +41,37 @@ def test_symlink_out_of_the_root_is_refused_inside_is_fine(media_root):
     assert media.resolve("a/../wide.jpg", str(media_root)) == str(media_root / "wide.jpg")
 
 
+def test_real_path_with_directories_resolved_once_equals_realpath(tmp_path):
+    """``media.real_path`` resolves a directory once per cache; for files, links to files, links
+    out, linked directories, links to nothing and missing files it equals ``os.path.realpath``."""
+    (tmp_path / "root" / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "root" / "sub" / "a.jpg").write_bytes(b"x")
+    (tmp_path / "outside" / "b.jpg").write_bytes(b"x")
+    os.symlink(tmp_path / "root" / "sub", tmp_path / "root" / "linked")
+    os.symlink("a.jpg", tmp_path / "root" / "sub" / "alias.jpg")
+    os.symlink(tmp_path / "outside" / "b.jpg", tmp_path / "root" / "sub" / "out.jpg")
+    os.symlink("gone.jpg", tmp_path / "root" / "sub" / "dangling.jpg")
+    names = [
+        "sub/a.jpg",
+        "linked/a.jpg",
+        "linked/alias.jpg",
+        "sub/out.jpg",
+        "sub/dangling.jpg",
+        "sub/none.jpg",
+        "none/a.jpg",
+    ]
+    cache: dict[str, str] = {}
+    for _ in range(2):  # the second time from the cache
+        for name in names:
+            path = str(tmp_path / "root" / name)
+            assert media.real_path(path, cache) == os.path.realpath(path), name
+    assert media.resolve("linked/alias.jpg", str(tmp_path / "root"), cache) == str(
+        tmp_path / "root/linked/alias.jpg"
+    )
+    assert reason_of(media.resolve, "sub/out.jpg", str(tmp_path / "root"), cache) == Reason.MEDIA_PATH_ESCAPE
+
+
 def test_s3_references_join_the_prefix():
     assert media.resolve("img/a.jpg", "s3://bucket/media/") == "s3://bucket/media/img/a.jpg"
     assert reason_of(media.resolve, "../a.jpg", "s3://bucket/media") == Reason.MEDIA_PATH_ESCAPE

@@ -1,6 +1,7 @@
 import json
 
 import pyarrow as pa
+from PIL import Image
 
 from mmpack_udfs.normalize import media, records
 from mmpack_udfs.normalize.sharegpt import DatasetSpec
@@ -48,18 +49,39 @@ def test_split_summary_rows_pass_through(tmp_path):
     assert row["kind"] == ROW_KIND_SPLIT and row["records_read"] == 12
 
 
-def test_a_missing_image_is_probed_once_and_quarantined_every_time(tmp_path, monkeypatch):
-    calls = []
-    real = media.probe
-    monkeypatch.setattr(media, "probe", lambda *a, **k: calls.append(a) or real(*a, **k))
-    record = {
+def image_record(name):
+    return {
         "conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "x"}],
-        "images": ["gone.jpg"],
+        "images": [name],
     }
+
+
+def test_a_file_is_decoded_once_per_worker_until_it_changes_and_a_missing_one_is_quarantined_every_time(
+    tmp_path, monkeypatch
+):
+    """The probe cache outlives a task (Spark reuses a Python worker for task after task), so it
+    is keyed by the file's size and modification time: a file rewritten between runs is probed
+    again, never served from the cache."""
+    monkeypatch.setattr(records, "_file_probes", records.ProbeCache())
+    decoded = []
+    real = media.probe_file
+    monkeypatch.setattr(media, "probe_file", lambda *a, **k: decoded.append(a[1]) or real(*a, **k))
+    Image.new("RGB", (40, 30)).save(tmp_path / "a.png")
+    first_task, second_task = normalizer(tmp_path), normalizer(tmp_path)
+    rows = [
+        task(raw(json.dumps(image_record("a.png")), position=p))
+        for p, task in enumerate([first_task, second_task])
+    ]
+    assert [r["media"][0]["width"] for r in rows] == [40, 40] and len(decoded) == 1
+
+    Image.new("RGB", (80, 30)).save(tmp_path / "a.png")  # another size, another file status
+    row = normalizer(tmp_path)(raw(json.dumps(image_record("a.png"))))
+    assert row["media"][0]["width"] == 80 and len(decoded) == 2
+
     n = normalizer(tmp_path)
-    rows = [n(raw(json.dumps(record), position=p)) for p in range(3)]
+    rows = [n(raw(json.dumps(image_record("gone.jpg")), position=p)) for p in range(3)]
     assert [r["reason"] for r in rows] == ["media_missing"] * 3
-    assert len(calls) == 1
+    assert len(decoded) == 2  # nothing to decode: the file's status says it is missing
 
 
 def test_json_nested_too_deeply_is_quarantined_not_a_crash(tmp_path):
