@@ -55,10 +55,16 @@ def weighted_sum(losses: torch.Tensor, positions: torch.Tensor, batch: PackedBat
     if not weights or all(w == 1 for w in weights):
         return losses.sum()
     of_sequence = torch.tensor(weights, dtype=losses.dtype, device=losses.device)
-    sequence = torch.searchsorted(sequence_bounds(batch, losses.device), positions, right=True) - 1
-    if len(positions) and int(sequence.max()) >= len(weights):
+    return (losses * of_sequence[token_sequences(positions, batch, len(weights))]).sum()
+
+
+def token_sequences(positions: torch.Tensor, batch: PackedBatch, listed: int) -> torch.Tensor:
+    """The sequence of the batch each token position lies in (int64, like ``positions``); a
+    ValueError if one lies beyond the ``listed`` sequences that ``meta`` describes."""
+    sequence = torch.searchsorted(sequence_bounds(batch, positions.device), positions, right=True) - 1
+    if len(positions) and int(sequence.max()) >= listed:
         raise ValueError("a supervised token lies after the batch's listed sequences (idle media are masked)")
-    return (losses * of_sequence[sequence]).sum()
+    return sequence
 
 
 def sequence_bounds(batch: PackedBatch, device: torch.device) -> torch.Tensor:
@@ -80,10 +86,7 @@ def dataset_losses(
     index = {name: i for i, name in enumerate(datasets)}
     names = batch.meta["sequence_datasets"]
     of_sequence = torch.tensor([index[n] if n is not None else -1 for n in names], device=losses.device)
-    cu = sequence_bounds(batch, losses.device)
-    sequence = torch.searchsorted(cu, positions, right=True) - 1
-    if len(positions) and int(sequence.max()) >= len(names):
-        raise ValueError("a supervised token lies after the batch's listed sequences (idle media are masked)")
+    sequence = token_sequences(positions, batch, len(names))
     dataset = of_sequence[sequence] if len(positions) else sequence
     real = dataset >= 0
     out = torch.zeros(2, len(datasets), dtype=torch.float64, device=losses.device)

@@ -202,9 +202,8 @@ def write_tar(entry: Mapping[str, Any], dest: str, storage: fs.Storage) -> dict[
         )
     shard = pq.ParquetFile(io.BytesIO(data))
     figures = {"bins": 0, "samples": 0, "tokens": 0}
-    digest = _HashingWriter()
     with storage.atomic_output(fs.join(dest, entry["tar"])) as stream:
-        digest.stream = stream
+        digest = fs.HashingSink(stream)
         with tarfile.open(fileobj=digest, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for group in range(shard.num_row_groups):
                 table = shard.read_row_group(group).combine_chunks()
@@ -250,23 +249,6 @@ def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     tar.addfile(info, io.BytesIO(payload))
-
-
-class _HashingWriter:
-    """A write-only stream that hashes and counts what it passes on to ``stream``."""
-
-    def __init__(self) -> None:
-        self.stream: Any = None
-        self._sha, self.size = hashlib.sha256(), 0
-
-    def write(self, data: bytes) -> int:
-        self._sha.update(data)
-        self.size += len(data)
-        self.stream.write(data)
-        return len(data)
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
 
 
 # -- driver: reconcile, prepare, publish -----------------------------------------------------

@@ -26,7 +26,7 @@ what tokenize quarantined (its reason).
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import math
 import time
@@ -51,6 +51,7 @@ FORMATS = ("verl", "easyr1")
 MANIFEST = "mmpack_rl_export.json"
 EXCLUDED = "excluded.parquet"
 ROWS_PER_FILE = 5000
+ROW_GROUP_ROWS = 500  # prompts a task holds while writing, and the files' row groups
 EXPORTED, DROPPED, QUARANTINED = "exported", "dropped", "quarantined"
 PROMPT_ROLES = ("user", "assistant")
 
@@ -265,31 +266,46 @@ def prompt_row(
 def write_prompts(
     batches: Iterator[pa.RecordBatch], dest: str, storage: fs.Storage, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: one partition's prompts (sorted) → ``DEST/prompts-<partition>.parquet``."""
+    """mapInArrow body: one partition's prompts (sorted) → ``DEST/prompts-<partition>.parquet``,
+    streamed a row group at a time (a file of prompts with their images is never whole in
+    memory), hashed on the way out."""
     from pyspark import TaskContext
 
-    table = pa.Table.from_batches(list(batches), schema=schema)
-    if table.num_rows == 0:
+    groups = _row_groups(batches, ROW_GROUP_ROWS, schema)
+    first = next(groups, None)
+    if first is None:
         return
     path = f"prompts-{TaskContext.get().partitionId():05d}.parquet"
-    data = _parquet_bytes(table)
-    storage.write_bytes(fs.join(dest, path), data)
+    rows = 0
+    with storage.atomic_output(fs.join(dest, path)) as stream:
+        sink = fs.HashingSink(stream)
+        with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+            for group in itertools.chain([first], groups):
+                writer.write_table(group)
+                rows += group.num_rows
     yield pa.RecordBatch.from_pylist(
-        [
-            {
-                "path": path,
-                "rows": table.num_rows,
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-        ],
-        schema=WRITTEN,
+        [{"path": path, "rows": rows, "bytes": sink.size, "sha256": sink.hexdigest()}], schema=WRITTEN
     )
+
+
+def _row_groups(batches: Iterator[pa.RecordBatch], rows: int, schema: pa.Schema) -> Iterator[pa.Table]:
+    """``batches`` re-cut into tables of ``rows`` rows (the last one shorter): row groups that do
+    not depend on where Spark cut its Arrow batches, so the file's bytes do not either."""
+    held: list[pa.RecordBatch] = []
+    for batch in batches:
+        held.append(batch)
+        while sum(b.num_rows for b in held) >= rows:
+            table = pa.Table.from_batches(held, schema=schema)
+            yield table.slice(0, rows)
+            held = table.slice(rows).to_batches()
+    rest = pa.Table.from_batches(held, schema=schema)
+    if rest.num_rows:
+        yield rest
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=500)
+    pq.write_table(table, sink, compression="zstd", row_group_size=ROW_GROUP_ROWS)
     return sink.getvalue().to_pybytes()
 
 

@@ -219,3 +219,31 @@ class Storage:
 
 
 LOCAL = Storage()  # local files only (and S3 with the default setup)
+
+
+class HashingSink:
+    """A write-only file object that hashes (sha256) and counts what it passes on to ``stream``,
+    for a file's manifest entry written on the way out; closing it closes ``stream``."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.sha256, self.size, self.closed = stream, hashlib.sha256(), 0, False
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        self.stream.write(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.stream.close()
+            self.closed = True
+
+    def hexdigest(self) -> str:
+        return self.sha256.hexdigest()

@@ -172,12 +172,8 @@ def read_split(
 ) -> Iterator[dict]:
     """Raw records of one split, then one summary row with ``records_read``. ``specs``: the
     datasets by name, which WebDataset tars need (the keys their records keep media under)."""
-    if split.format == "webdataset":
-        records = _read_webdataset(split, storage, (specs or {})[split.dataset])
-    else:
-        records = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[split.format](
-            split, storage
-        )
+    spec = (specs or {}).get(split.dataset)
+    records = READERS[split.format](split, storage, spec)
     count = 0
     for record in records:
         count += 1
@@ -197,7 +193,7 @@ def _raw(split: Split, record: RawRecord) -> dict:
     }
 
 
-def _read_jsonl(split: Split, storage) -> Iterator[RawRecord]:
+def _read_jsonl(split: Split, storage: fs.Storage, spec: DatasetSpec | None = None) -> Iterator[RawRecord]:
     """Lines whose first byte lies in [start, start + length)."""
     with _open(split.uri, storage) as f:
         size = f.size()
@@ -246,7 +242,7 @@ def _decode_line(position: int, line: bytes) -> RawRecord:
         return RawRecord(position, line.decode("utf-8", errors="replace"), f"invalid_json: not UTF-8: {err}")
 
 
-def _read_json(split: Split, storage) -> Iterator[RawRecord]:
+def _read_json(split: Split, storage: fs.Storage, spec: DatasetSpec | None = None) -> Iterator[RawRecord]:
     """Elements of a top-level JSON array, streamed (a task holds one element, however large
     the file); a file that is not valid JSON as a whole is one invalid_json record, so the
     whole file is checked before its first element is given."""
@@ -269,7 +265,7 @@ def _whole_text(split: Split, storage) -> str:
     return storage.read_bytes(split.uri).decode("utf-8", errors="replace")
 
 
-def _read_parquet(split: Split, storage) -> Iterator[RawRecord]:
+def _read_parquet(split: Split, storage: fs.Storage, spec: DatasetSpec | None = None) -> Iterator[RawRecord]:
     """Rows of one row group, as JSON text with their bytes set aside (``_set_aside``)."""
     with _open(split.uri, storage) as f:
         parquet = pq.ParquetFile(f)
@@ -283,8 +279,10 @@ def _read_parquet(split: Split, storage) -> Iterator[RawRecord]:
         yield RawRecord(offset + index, text, None, blobs or None)
 
 
-def _read_webdataset(split: Split, storage: fs.Storage, spec: DatasetSpec) -> Iterator[RawRecord]:
+def _read_webdataset(split: Split, storage: fs.Storage, spec: DatasetSpec | None) -> Iterator[RawRecord]:
     """One record per key of the tar, read as a stream (``webdataset``)."""
+    if spec is None:
+        raise ValueError(f"{split.uri}: a WebDataset tar is read with its dataset's spec ({split.dataset!r})")
     filesystem, path = storage.filesystem(split.uri)
     with filesystem.open_input_stream(path) as stream:
         for key in webdataset.keys(stream):
@@ -293,6 +291,11 @@ def _read_webdataset(split: Split, storage: fs.Storage, spec: DatasetSpec) -> It
                 continue
             text, error, blobs = webdataset.record_of(key, spec)
             yield RawRecord(key.offset, text, error, blobs or None)
+
+
+# A split's reader by format: (split, storage, its dataset's spec) -> raw records. Only tars use
+# the spec (the keys their records keep media under).
+READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet, "webdataset": _read_webdataset}
 
 
 def _non_text(value: Any) -> dict[str, str]:

@@ -7,7 +7,6 @@ bins; only list offsets are computed. The one per-item Python loop reads media f
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -179,29 +178,6 @@ def owner_of_elements(lengths: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(lengths)), lengths)
 
 
-class _HashingSink:
-    """A file-like sink that hashes and counts what goes through it (closing it closes the stream)."""
-
-    def __init__(self, stream) -> None:
-        self.stream, self.sha256, self.size, self.closed = stream, hashlib.sha256(), 0, False
-
-    def write(self, data) -> int:
-        self.sha256.update(data)
-        self.size += len(data)
-        return self.stream.write(data)
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if not self.closed:
-            self.stream.close()
-            self.closed = True
-
-
 @dataclass(frozen=True)
 class WrittenShard:
     path: str  # relative to the packed/ directory
@@ -226,7 +202,7 @@ def write_shard(
     always complete (``fs.atomic_output``); it is hashed on the way out."""
     rows = samples = tokens = weighted = 0
     with storage.atomic_output(fs.join(packed_root, relative_path)) as stream:
-        sink = _HashingSink(stream)
+        sink = fs.HashingSink(stream)
         with pq.ParquetWriter(
             sink, schemas.SHARD, compression="zstd", write_statistics=False, store_schema=True
         ) as writer:
@@ -243,7 +219,7 @@ def write_shard(
         samples=samples,
         tokens=tokens,
         bytes=sink.size,
-        sha256=sink.sha256.hexdigest(),
+        sha256=sink.hexdigest(),
         row_groups=-(-rows // bins_per_row_group),
         weighted_samples=weighted,
     )

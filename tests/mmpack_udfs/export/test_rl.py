@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -170,3 +171,15 @@ def test_easyr1_gets_its_columns_and_single_turn_prompts_only(spark, export, tmp
     assert multi and not multi & set(single) and len(multi) == manifest["dropped"]["not_single_turn"]
     assert manifest["totals"]["samples"] == verl_manifest["totals"]["samples"]
     assert manifest["trainer_settings"]["data.prompt_key"] == "problem"
+
+
+def test_prompt_files_are_written_in_row_groups_that_do_not_depend_on_sparks_batches():
+    """A task writes its prompts a row group at a time (never the whole file in memory), and the
+    row groups are the same however Spark cut its Arrow batches."""
+    schema = pa.schema([("n", pa.int64())])
+    cuts = [(0, 3), (3, 3), (3, 1204), (1204, 1210)]
+    batches = [pa.record_batch([pa.array(range(a, b), pa.int64())], schema=schema) for a, b in cuts]
+    groups = list(rl._row_groups(iter(batches), 500, schema))
+    assert [g.num_rows for g in groups] == [500, 500, 210]
+    assert pa.concat_tables(groups)["n"].to_pylist() == list(range(1210))
+    assert list(rl._row_groups(iter([]), 500, schema)) == []
