@@ -1,10 +1,10 @@
 """Tokenize-stage throughput per model family, on the same demo samples.
 
-    .venv/bin/python bench/bench_families.py --samples 50000 --rounds 3 [--master local[2]]
+    .venv/bin/python bench/bench_families.py --samples 50000 --rounds 3 [--master local[2]] [--families ...]
 
 1. Generates demo data and normalizes it once (not timed) into bench/out/families-run.
-2. Builds a model directory per family from tests/models (published processor configs and
-   chat templates, real vocabularies).
+2. Builds a model directory per family (--families, all three by default; the smoke run: one)
+   from tests/models (published processor configs and chat templates, real vocabularies).
 3. Times the tokenize stage (`tokenize.run`, Spark tasks to committed Delta tables) for
    the built-in `qwen2_vl` profile and each family's `tokenize.model`, interleaved for
    --rounds rounds (the machine's speed drifts over minutes); reports the best round of
@@ -41,7 +41,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=50000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parse_with_smoke(parser, samples=40, rounds=1)
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    args = parse_with_smoke(parser, samples=40, rounds=1, families=["qwen3_5"])
     spark = bench_spark(args.master, driver_memory="6g")
     root = OUT / f"families-data-{args.samples}"
     if (root / ".complete").exists():
@@ -53,7 +54,7 @@ def main() -> None:
     normalize.run(spark, load_run(data.config, [f"output={out}"]))
     models = OUT / "families-models"
     settings = {"qwen2_vl": []}
-    for name in FAMILIES:
+    for name in args.families:
         if not (models / name / "config.json").exists():
             build_model_dir(name, models / name)
         settings[name] = [f"tokenize.model={models / name}"]
