@@ -4,7 +4,9 @@ references that repeat a file already used; 0.1 by default, so most images appea
 Reports per stage (normalize, tokenize, pack) the wall time and samples per second per core,
 the shard bytes per token, the peak resident memory of each process kind (driver Python,
 JVM, the largest Python worker, all Python workers together), and the decode-bound limit:
-the time to decode every unique image once with Pillow's reduced-scale draft, per core.
+the time to decode every unique image once with Pillow's reduced-scale draft, per core; and
+the media bound: that plus every frame of every unique video decoded once (OpenCV, one thread),
+as normalize counts a video's frames.
 
     .venv/bin/python bench/bench_end_to_end.py --samples 100000 --media-reuse 0.1
 """
@@ -40,6 +42,21 @@ def decode_bound_seconds(media_root: Path) -> tuple[int, float]:
         with Image.open(path) as image:
             image.draft("RGB", (max(image.width // 8, 1), max(image.height // 8, 1)))
             image.load()
+    return len(files), time.perf_counter() - started
+
+
+def video_decode_seconds(media_root: Path) -> tuple[int, float]:
+    """Every frame of every video under ``media_root`` decoded once, in order, on one thread, as
+    normalize counts the frames that decode: (videos, seconds on one core)."""
+    import cv2
+
+    files = sorted((media_root / "videos").iterdir())
+    started = time.perf_counter()
+    for path in files:
+        capture = cv2.VideoCapture(str(path), cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, 1])
+        while capture.grab():
+            pass
+        capture.release()
     return len(files), time.perf_counter() - started
 
 
@@ -92,6 +109,7 @@ def main() -> None:
         }
 
     images, decode_seconds = decode_bound_seconds(data_dir / "media")
+    videos, video_seconds = video_decode_seconds(data_dir / "media")
     totals = json.loads((out / "packed" / "manifest.json").read_text())["totals"]
     report = {
         "machine": machine(),
@@ -100,6 +118,7 @@ def main() -> None:
         "samples": args.samples,
         "media_reuse": args.media_reuse,
         "unique_images": images,
+        "unique_videos": videos,
         "media_bytes": sum(p.stat().st_size for p in (data_dir / "media").rglob("*") if p.is_file()),
         "generate_seconds_or_reused": round(generate_seconds, 1),
         "stages": stages,
@@ -110,6 +129,10 @@ def main() -> None:
         "decode_bound": {
             "seconds_one_core": round(decode_seconds, 1),
             "samples_per_s_per_core": round(args.samples / decode_seconds, 1),
+        },
+        "media_bound": {
+            "seconds_one_core": round(decode_seconds + video_seconds, 1),
+            "samples_per_s_per_core": round(args.samples / (decode_seconds + video_seconds), 1),
         },
         "peak_memory_gib": {
             kind: max(stage["peak_memory_gib"][kind] for stage in stages.values())
