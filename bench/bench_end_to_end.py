@@ -25,6 +25,7 @@ from common import OUT, PeakMemory, bench_spark, machine, parse_with_smoke
 from PIL import Image
 
 from mmpack_udfs.demo import data as demo_data
+from mmpack_udfs.normalize import media
 from mmpack_udfs.normalize import stage as normalize
 from mmpack_udfs.pack import stage as pack
 from mmpack_udfs.resolve import load_run
@@ -48,12 +49,10 @@ def decode_bound_seconds(media_root: Path) -> tuple[int, float]:
 def video_decode_seconds(media_root: Path) -> tuple[int, float]:
     """Every frame of every video under ``media_root`` decoded once, in order, on one thread, as
     normalize counts the frames that decode: (videos, seconds on one core)."""
-    import cv2
-
     files = sorted((media_root / "videos").iterdir())
     started = time.perf_counter()
     for path in files:
-        capture = cv2.VideoCapture(str(path), cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, 1])
+        capture = media.open_video(str(path))
         while capture.grab():
             pass
         capture.release()

@@ -292,12 +292,14 @@ def _row_groups(batches: Iterator[pa.RecordBatch], rows: int, schema: pa.Schema)
     """``batches`` re-cut into tables of ``rows`` rows (the last one shorter): row groups that do
     not depend on where Spark cut its Arrow batches, so the file's bytes do not either."""
     held: list[pa.RecordBatch] = []
+    count = 0
     for batch in batches:
         held.append(batch)
-        while sum(b.num_rows for b in held) >= rows:
+        count += batch.num_rows
+        while count >= rows:
             table = pa.Table.from_batches(held, schema=schema)
             yield table.slice(0, rows)
-            held = table.slice(rows).to_batches()
+            held, count = table.slice(rows).to_batches(), count - rows
     rest = pa.Table.from_batches(held, schema=schema)
     if rest.num_rows:
         yield rest

@@ -265,10 +265,15 @@ def _frames_that_decode(capture, claimed: int) -> int:
     return decoded
 
 
+def open_video(path: str) -> cv2.VideoCapture:
+    """OpenCV's capture of a video file, decoding on one thread: the same frames as FFmpeg's
+    default of one thread per core, at a quarter less CPU for short clips (threads are started
+    per file), and normalize's tasks already use every core."""
+    return cv2.VideoCapture(path, cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, 1])
+
+
 def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -> MediaInfo:
-    # One decoding thread: the same frames as FFmpeg's default of one per core, at a quarter less
-    # CPU for short clips (threads are started per file), and tasks already use every core.
-    capture = cv2.VideoCapture(path, cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, 1])
+    capture = open_video(path)
     try:
         if not capture.isOpened():
             raise Rejected(Reason.MEDIA_UNREADABLE, f"{uri}: OpenCV cannot open it as a video")
