@@ -173,6 +173,13 @@ class SparkConfig(Section):
         description="seconds between progress lines of a stage when stderr is not a terminal "
         "(CI, Airflow); on a terminal one line updates in place; `0`: no progress",
     )
+    quick_jit: Flag = Field(
+        True,
+        description="the embedded JVM compiles with HotSpot's quick compiler only "
+        "(`-XX:TieredStopAtLevel=1`): mmpack's stages spend their CPU in Python, and the "
+        "optimizing compiler costs several core-seconds a run; `false`: HotSpot's default; "
+        "ignored under spark-submit",
+    )
     conf: dict[str, SparkSetting] = Field(
         default_factory=lambda: {
             "spark.sql.shuffle.partitions": "8",

@@ -42,6 +42,7 @@ JVM_NOISE = (  # printed to stderr directly (by the JVM; by Spark for a shell), 
     b"To adjust logging level use sc.setLogLevel(",
 )
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+QUICK_JIT = "-XX:TieredStopAtLevel=1"  # C1 only: given first, so a user's own -XX option wins
 
 
 def session_settings(
@@ -59,6 +60,8 @@ def session_settings(
     settings["spark.sql.execution.arrow.pyspark.enabled"] = "true"
     for key, value in spark_config.conf.items():
         settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+    if spark_config.quick_jit and not under_spark_submit():
+        settings[DRIVER_JAVA_OPTIONS] = f"{QUICK_JIT} {settings.get(DRIVER_JAVA_OPTIONS, '')}".strip()
     if not verbose and not under_spark_submit():
         quiet = f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"
         settings[DRIVER_JAVA_OPTIONS] = f"{settings.get(DRIVER_JAVA_OPTIONS, '')} {quiet}".strip()
