@@ -52,14 +52,36 @@ def decode_image(data: bytes) -> Image.Image:
         return image.convert("RGB")
 
 
-def _jpeg_rgb(data: bytes) -> np.ndarray | None:
-    """The RGB pixels of a YCbCr or gray JPEG, or None (not one, simplejpeg absent, or a file
-    Pillow should report on)."""
+def fast_jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a JPEG that ``decode_image`` decodes through libjpeg-turbo directly
+    (YCbCr or gray, simplejpeg installed), from its header; None for any other file."""
     if data[:2] != b"\xff\xd8" or simplejpeg is None:
         return None
     try:
-        if simplejpeg.decode_jpeg_header(data)[2] not in ("YCbCr", "Gray"):
-            return None
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except (ValueError, RuntimeError):
+        return None
+    return (width, height) if colorspace in ("YCbCr", "Gray") else None
+
+
+def fast_jpeg_decodes(data: bytes) -> bool:
+    """Whether libjpeg-turbo decodes a ``fast_jpeg_size`` JPEG without an error or a warning
+    (simplejpeg's strict mode, as ``decode_image`` calls it), at 1/8 scale and in gray: every
+    marker and every entropy-coded block is read as in a full decode, only the pixels are not
+    computed. False: ``decode_image`` hands the file to Pillow."""
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=1, min_width=1, min_factor=8)
+    except (ValueError, RuntimeError):
+        return False
+    return True
+
+
+def _jpeg_rgb(data: bytes) -> np.ndarray | None:
+    """The RGB pixels of a YCbCr or gray JPEG, or None (not one, simplejpeg absent, or a file
+    Pillow should report on)."""
+    if fast_jpeg_size(data) is None:
+        return None
+    try:
         return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False)
     except (ValueError, RuntimeError):
         return None  # corrupt or unusual: Pillow decides and words the error

@@ -2,9 +2,11 @@
 
 Resolution keeps every reference inside its dataset's media root: absolute paths,
 URIs, ``..`` that climbs out and (locally) symlinks that point out are refused.
-Probing reads image headers with Pillow (then decodes, at reduced scale for JPEG, to
-catch corrupt files) and opens videos with OpenCV to read their geometry, frame count
-and fps and to decode their first frames.
+Probing reads an image's header, then decodes it to catch corrupt files as the loader would
+meet them: a YCbCr or gray JPEG through libjpeg-turbo (the loader's fast path, at 1/8 scale),
+any other image, and a JPEG libjpeg-turbo reports on, through Pillow (JPEGs at reduced
+scale). It opens videos with OpenCV to read their geometry, frame count and fps, and decodes
+their frames to count those that decode.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import cv2
 import pyarrow.fs as pafs
 from PIL import Image
 
+from loader import vision
 from mmpack_udfs import schemas
 from mmpack_udfs.io import fs
 from mmpack_udfs.reasons import Reason, Rejected
@@ -213,7 +216,24 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
 
 
 def _probe_image(uri: str, data: bytes, settings: ProbeSettings) -> tuple[MediaInfo, str | None]:
-    """``probe_image``, and the image's format as Pillow names it (JPEG, PNG, ...)."""
+    """``probe_image``, and the image's format as Pillow names it (JPEG, PNG, ...). A YCbCr or
+    gray JPEG is checked as the loader decodes it, through libjpeg-turbo directly; any other
+    file, and one libjpeg-turbo reports on, through Pillow, which decides and words the reason."""
+    fast = _probe_fast_jpeg(uri, data, settings)
+    return (fast, "JPEG") if fast is not None else _probe_with_pillow(uri, data, settings)
+
+
+def _probe_fast_jpeg(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo | None:
+    """The MediaInfo of a JPEG that ``vision.decode_image`` decodes through libjpeg-turbo and
+    that decodes there cleanly; None for every other file (Pillow probes it)."""
+    size = vision.fast_jpeg_size(data) if settings.decode_images else None
+    if size is None or not 0 < size[0] * size[1] <= settings.max_image_pixels:
+        return None
+    return MediaInfo("image", uri, len(data), *size) if vision.fast_jpeg_decodes(data) else None
+
+
+def _probe_with_pillow(uri: str, data: bytes, settings: ProbeSettings) -> tuple[MediaInfo, str | None]:
+    """Header first (mode, size, pixel limit), then an optional decode to catch corrupt data."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

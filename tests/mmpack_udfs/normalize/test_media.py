@@ -238,3 +238,76 @@ def test_symlink_loops_and_dangling_links_are_unreadable_not_missing(tmp_path):
         with pytest.raises(Rejected) as rejected:
             media.probe("image", str(tmp_path / name), media.ProbeSettings())
         assert rejected.value.reason == Reason.MEDIA_UNREADABLE and says in rejected.value.detail
+
+
+def jpeg_variants() -> dict[str, bytes]:
+    """JPEGs as encoders write them and as storage breaks them: subsamplings, progressive,
+    optimized tables, gray, CMYK, odd sizes, an EXIF rotation; cut at several points, without
+    their end marker, with bytes after it, and with bytes flipped in their scans."""
+    import io
+    import random
+
+    from PIL import Image
+
+    def encode(image, **options) -> bytes:
+        out = io.BytesIO()
+        image.save(out, "JPEG", **options)
+        return out.getvalue()
+
+    drawing = demo_data._drawing(203, 77, random.Random(5))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90
+    whole = {
+        "baseline_420": encode(drawing, quality=85),
+        "baseline_444": encode(drawing, quality=90, subsampling=0),
+        "baseline_422": encode(drawing, quality=75, subsampling=1),
+        "progressive": encode(drawing, quality=85, progressive=True),
+        "optimized": encode(drawing, quality=60, optimize=True),
+        "gray": encode(drawing.convert("L"), quality=85),
+        "cmyk": encode(drawing.convert("CMYK"), quality=85),
+        "tiny": encode(drawing.resize((1, 1)), quality=85),
+        "odd_size": encode(drawing.resize((13, 7)), quality=85),
+        "exif_rotated": encode(drawing, quality=85, exif=exif),
+    }
+    variants = dict(whole)
+    rng = random.Random(11)
+    for name in ("baseline_420", "progressive", "gray"):
+        data = whole[name]
+        for cut in (0.3, 0.6, 0.95):
+            variants[f"{name}_cut_{cut}"] = data[: int(len(data) * cut)]
+        variants[f"{name}_no_end_marker"] = data[:-2]
+        variants[f"{name}_bytes_after_end"] = data + b"\x00garbage" * 8
+        scan = data.rindex(b"\xff\xda")  # the last start of scan
+        for flip in range(6):
+            broken = bytearray(data)
+            at = rng.randrange(scan + 20, len(data) - 2)
+            broken[at] ^= 1 << rng.randrange(8)
+            variants[f"{name}_flipped_{flip}"] = bytes(broken)
+    variants["header_only"] = whole["baseline_420"][: whole["baseline_420"].index(b"\xff\xda")]
+    return variants
+
+
+def outcome(probe, data: bytes, settings: media.ProbeSettings):
+    try:
+        return probe("x.jpg", data, settings)
+    except Rejected as rejected:
+        return rejected.reason, rejected.detail
+
+
+@pytest.mark.parametrize("max_pixels", [89_478_485, 10_000])
+def test_jpegs_are_probed_as_pillow_alone_decides_through_the_loaders_fast_path(max_pixels):
+    """Normalize checks a YCbCr or gray JPEG with libjpeg-turbo, as the loader decodes it; on
+    every variant it accepts, sizes and refuses (with the same words) as Pillow alone."""
+    settings = media.ProbeSettings(max_image_pixels=max_pixels)
+    fast_taken = []
+    for name, data in jpeg_variants().items():
+        assert outcome(media._probe_image, data, settings) == outcome(
+            media._probe_with_pillow, data, settings
+        ), name
+        if media._probe_fast_jpeg("x.jpg", data, settings) is not None:
+            fast_taken.append(name)
+    if max_pixels > 10_000:  # the fast path does the work on the files it should
+        assert {"baseline_420", "progressive", "gray", "exif_rotated", "tiny"} <= set(fast_taken)
+        assert "cmyk" not in fast_taken and not any("cut" in name for name in fast_taken)
+    else:  # 203 x 77 is over the limit: Pillow words the refusal
+        assert set(fast_taken) == {"tiny", "odd_size"}
