@@ -42,6 +42,7 @@ TEST_SPARK = {
     "master": "local[2]",
     "app_name": "mmpack-tests",
     "log_level": "ERROR",
+    "quick_jit": True,  # one short-lived JVM on small data: start-up compiling is most of its CPU
     "conf": {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

@@ -174,11 +174,11 @@ class SparkConfig(Section):
         "(CI, Airflow); on a terminal one line updates in place; `0`: no progress",
     )
     quick_jit: Flag = Field(
-        True,
+        False,
         description="the embedded JVM compiles with HotSpot's quick compiler only "
-        "(`-XX:TieredStopAtLevel=1`): mmpack's stages spend their CPU in Python, and the "
-        "optimizing compiler costs several core-seconds a run; `false`: HotSpot's default; "
-        "ignored under spark-submit",
+        "(`-XX:TieredStopAtLevel=1`): for short runs on small data (tests, demos), where the "
+        "optimizing compiler's start-up work is most of the JVM's CPU; a large local pack runs "
+        "~15 % slower with it (bench/RESULTS.md); ignored under spark-submit",
     )
     conf: dict[str, SparkSetting] = Field(
         default_factory=lambda: {

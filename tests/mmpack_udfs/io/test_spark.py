@@ -45,7 +45,7 @@ def test_quiet_logging_is_the_default_and_verbose_gives_spark_its_own(monkeypatc
 
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     assert QUIET_LOG4J.is_file()  # shipped with the package (pyproject package-data)
-    given = SparkConfig(conf={DRIVER_JAVA_OPTIONS: "-Xss4m"}, quick_jit=False)
+    given = SparkConfig(conf={DRIVER_JAVA_OPTIONS: "-Xss4m"})
     options = session_settings(given)[DRIVER_JAVA_OPTIONS]
     assert options.startswith("-Xss4m ") and f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}" in options
     assert session_settings(given, verbose=True)[DRIVER_JAVA_OPTIONS] == "-Xss4m"
@@ -53,20 +53,20 @@ def test_quiet_logging_is_the_default_and_verbose_gives_spark_its_own(monkeypatc
     assert log_level(SparkConfig(log_level="INFO"), True) == "INFO"
 
 
-def test_the_embedded_jvm_compiles_quickly_unless_told_otherwise(monkeypatch):
+def test_the_embedded_jvm_compiles_quickly_when_asked(monkeypatch):
     from mmpack_udfs.io.spark import DRIVER_JAVA_OPTIONS, QUICK_JIT
 
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    options = session_settings(SparkConfig(conf={DRIVER_JAVA_OPTIONS: "-XX:TieredStopAtLevel=4"}))
+    assert QUICK_JIT not in session_settings(SparkConfig())[DRIVER_JAVA_OPTIONS]
+    given = SparkConfig(quick_jit=True, conf={DRIVER_JAVA_OPTIONS: "-XX:TieredStopAtLevel=4"})
     # the user's own option comes after ours, so HotSpot takes theirs
-    assert options[DRIVER_JAVA_OPTIONS].startswith(f"{QUICK_JIT} -XX:TieredStopAtLevel=4 ")
-    assert QUICK_JIT not in session_settings(SparkConfig(quick_jit=False)).get(DRIVER_JAVA_OPTIONS, "")
+    assert session_settings(given)[DRIVER_JAVA_OPTIONS].startswith(f"{QUICK_JIT} -XX:TieredStopAtLevel=4 ")
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")  # spark-submit started the JVM already
-    assert DRIVER_JAVA_OPTIONS not in session_settings(SparkConfig())
+    assert DRIVER_JAVA_OPTIONS not in session_settings(SparkConfig(quick_jit=True))
 
 
 @pytest.mark.spark
-def test_the_running_jvm_got_the_quick_jit_option(spark):
+def test_the_running_jvm_got_the_quick_jit_option(spark):  # the tests' session asks for it
     from mmpack_udfs.io.spark import QUICK_JIT
 
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
