@@ -298,14 +298,17 @@ def outcome(probe, data: bytes, settings: media.ProbeSettings):
 def test_jpegs_are_probed_as_pillow_alone_decides_through_the_loaders_fast_path(max_pixels):
     """Normalize checks a YCbCr or gray JPEG with libjpeg-turbo, as the loader decodes it; on
     every variant it accepts, sizes and refuses (with the same words) as Pillow alone."""
+    from loader.vision import decode_image
+
     settings = media.ProbeSettings(max_image_pixels=max_pixels)
     fast_taken = []
     for name, data in jpeg_variants().items():
-        assert outcome(media._probe_image, data, settings) == outcome(
-            media._probe_with_pillow, data, settings
-        ), name
+        probed = outcome(media._probe_image, data, settings)
+        assert probed == outcome(media._probe_with_pillow, data, settings), name
         if media._probe_fast_jpeg("x.jpg", data, settings) is not None:
             fast_taken.append(name)
+        if isinstance(probed[0], media.MediaInfo):  # what normalize keeps, the loader decodes
+            assert decode_image(data).size == (probed[0].width, probed[0].height), name
     if max_pixels > 10_000:  # the fast path does the work on the files it should
         assert {"baseline_420", "progressive", "gray", "exif_rotated", "tiny"} <= set(fast_taken)
         assert "cmyk" not in fast_taken and not any("cut" in name for name in fast_taken)
