@@ -60,11 +60,12 @@ def session_settings(
     settings["spark.sql.execution.arrow.pyspark.enabled"] = "true"
     for key, value in spark_config.conf.items():
         settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
-    if spark_config.quick_jit and not under_spark_submit():
-        settings[DRIVER_JAVA_OPTIONS] = f"{QUICK_JIT} {settings.get(DRIVER_JAVA_OPTIONS, '')}".strip()
-    if not verbose and not under_spark_submit():
-        quiet = f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"
-        settings[DRIVER_JAVA_OPTIONS] = f"{settings.get(DRIVER_JAVA_OPTIONS, '')} {quiet}".strip()
+    if not under_spark_submit():  # the embedded JVM starts with ours around the user's options
+        before = [QUICK_JIT] if spark_config.quick_jit else []
+        after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]
+        if before or after:
+            given = settings.get(DRIVER_JAVA_OPTIONS, "")
+            settings[DRIVER_JAVA_OPTIONS] = " ".join(o for o in [*before, given, *after] if o)
     return settings
 
 
