@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -56,8 +58,25 @@ TEST_SPARK = {
 @pytest.fixture(scope="session", autouse=True)
 def _background_installs(request, tmp_path_factory) -> None:
     """Begin the virtualenvs the session's install tests use, in the background (tests/installs.py)."""
-    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-    installs.start_used(used, tmp_path_factory)
+    installs.start_used(request.session.items, tmp_path_factory)
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A build's virtualenv is deleted after the last test that uses it (tests/installs.py)."""
+    installs.release_after(item)
+
+
+MIN_FREE_DISK_GB = 2  # between tests; the spark-submit recipe takes ~7 GB more while it runs
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Stop the session, saying why, when the temporary directory's disk is nearly full: past
+    that, tests fail far from the cause (a Spark job, a fixture's copy) or hang (a DataLoader
+    worker whose batch could not be written is never heard from)."""
+    free_gb = shutil.disk_usage(tempfile.gettempdir()).free / 1e9
+    if free_gb < MIN_FREE_DISK_GB:
+        where = f"{free_gb:.1f} GB free under {tempfile.gettempdir()} before {item.nodeid}"
+        pytest.exit(f"{where}: the suite needs {MIN_FREE_DISK_GB} GB between tests, ~20 GB in all", 3)
 
 
 @pytest.fixture(scope="session")
@@ -170,8 +189,6 @@ def tokenized_demo(spark, demo, tmp_path_factory):
 
 def fresh_output(tokenized_demo, tmp_path):
     """A new output root with a copy of the demo's Delta tables."""
-    import shutil
-
     out = tmp_path / "out"
     shutil.copytree(tokenized_demo / "tables", out / "tables")
     return out

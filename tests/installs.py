@@ -7,6 +7,7 @@ while the first tests run, one at a time; the fixture that hands it over waits f
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import venv
 from collections.abc import Callable
@@ -19,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PIP_TIMEOUT_S = 1200
 _builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="installs")  # one pip at a time
 _builds: dict[str, Future[Path]] = {}
+_roots: dict[str, Path] = {}  # where each build lies
+_last_users: dict[str, str] = {}  # build → node id of the last collected test that uses it
 
 
 def pip(env: Path, *args: str) -> subprocess.CompletedProcess:
@@ -79,15 +82,28 @@ def start(name: str, factory: pytest.TempPathFactory) -> Future[Path]:
     if name not in _builds:
         if name in NEEDS:
             start(NEEDS[name], factory)
-        _builds[name] = _builder.submit(BUILDS[name], factory.mktemp(name))
+        _roots[name] = factory.mktemp(name)
+        _builds[name] = _builder.submit(BUILDS[name], _roots[name])
     return _builds[name]
 
 
-def start_used(fixtures: set[str], factory: pytest.TempPathFactory) -> None:
-    """Begin every build a collected test uses."""
+def start_used(items: list[pytest.Item], factory: pytest.TempPathFactory) -> None:
+    """Begin every build a collected test uses, and note the last test that uses each."""
+    for item in items:
+        for name in BUILDS:
+            if name in getattr(item, "fixturenames", ()):
+                _last_users[name] = item.nodeid
     for name in BUILDS:
-        if name in fixtures:
+        if name in _last_users:
             start(name, factory)
+
+
+def release_after(item: pytest.Item) -> None:
+    """Delete the builds whose last user was ``item`` (together 3.5 GB of disk, which the rest of
+    the session does not need)."""
+    for name, last_user in _last_users.items():
+        if last_user == item.nodeid and name in _builds and _builds[name].done():
+            shutil.rmtree(_roots[name], ignore_errors=True)
 
 
 def get(name: str, factory: pytest.TempPathFactory) -> Path:

@@ -18,7 +18,8 @@ BENCHMARKS = sorted(p.name for p in (ROOT / "bench").glob("bench_*.py"))
 RUNNER = Path(__file__).with_name("smoke_runner.py")
 TIMEOUT_S = 1500
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# pytest-timeout above the runner's own TIMEOUT_S, which names the script it stopped in
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S + 300)]
 
 
 def run_order(scripts: list[str]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +51,14 @@ class Cluster:
     def executor_dirs(self) -> list[Path]:
         """Every executor's working directory so far (``<work dir>/<app>/<executor id>``)."""
         return sorted(p.parent for d in self.work_dirs for p in d.glob("app-*/*/stderr"))
+
+    def remove_unpacked_archives(self) -> None:
+        """Delete what executors unpacked from ``--archives`` (a virtualenv each, 1.5 GB), keeping
+        their logs: a stopped worker leaves its application directories behind."""
+        for executor in self.executor_dirs():
+            for entry in executor.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
 
     def stop(self) -> None:
         for process in self.processes:

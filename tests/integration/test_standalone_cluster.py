@@ -32,6 +32,7 @@ def cluster(tmp_path_factory):
     cluster = start_cluster(tmp_path_factory.mktemp("standalone"))
     yield cluster
     cluster.stop()
+    cluster.remove_unpacked_archives()
 
 
 def manifest(out: Path) -> dict:
