@@ -73,10 +73,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Stop the session, saying why, when the temporary directory's disk is nearly full: past
     that, tests fail far from the cause (a Spark job, a fixture's copy) or hang (a DataLoader
     worker whose batch could not be written is never heard from)."""
-    free_gb = shutil.disk_usage(tempfile.gettempdir()).free / 1e9
+    temp = tempfile.gettempdir()
+    free_gb = shutil.disk_usage(temp).free / 1e9
     if free_gb < MIN_FREE_DISK_GB:
-        where = f"{free_gb:.1f} GB free under {tempfile.gettempdir()} before {item.nodeid}"
-        pytest.exit(f"{where}: the suite needs {MIN_FREE_DISK_GB} GB between tests, ~20 GB in all", 3)
+        where = f"{free_gb:.1f} GB free under {temp} before {item.nodeid}"
+        pytest.exit(f"{where}: the suite needs {MIN_FREE_DISK_GB} GB between tests, ~17 GB in all", 3)
 
 
 @pytest.fixture(scope="session")
