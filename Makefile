@@ -12,7 +12,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train bench-energon bench-webdataset clean
+.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train bench-energon bench-webdataset clean
 
 setup: java $(STAMP)
 
@@ -120,6 +120,9 @@ bench-webdataset: setup
 
 bench-normalize: setup
 	$(BIN)/python bench/bench_normalize.py --sizes 10000 100000
+
+bench-image-probe: setup
+	$(BIN)/python bench/bench_image_probe.py --images 300
 
 bench-tokenize: setup
 	$(BIN)/python bench/bench_tokenize.py --samples 200000 --rounds 3

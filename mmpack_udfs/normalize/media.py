@@ -4,9 +4,9 @@ Resolution keeps every reference inside its dataset's media root: absolute paths
 URIs, ``..`` that climbs out and (locally) symlinks that point out are refused.
 Probing reads an image's header, then decodes it to catch corrupt files as the loader would
 meet them: a YCbCr or gray JPEG through libjpeg-turbo (the loader's fast path, at 1/8 scale),
-any other image, and a JPEG libjpeg-turbo reports on, through Pillow (JPEGs at reduced
-scale). It opens videos with OpenCV to read their geometry, frame count and fps, and decodes
-their frames to count those that decode.
+a plain 8-bit PNG's image data through zlib-ng (``png``), any other image, and a file either
+check reports on, through Pillow (JPEGs at reduced scale). It opens videos with OpenCV to
+read their geometry, frame count and fps, and decodes their frames to count those that decode.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from PIL import Image
 from loader import vision
 from mmpack_udfs import schemas
 from mmpack_udfs.io import fs
+from mmpack_udfs.normalize import png
 from mmpack_udfs.reasons import Reason, Rejected
 
 REMOTE_SCHEMES = {"http", "https", "ftp", "gs", "hdfs", "s3a", "s3n", "abfs", "abfss", "wasb", "wasbs"}
@@ -217,8 +218,9 @@ def probe_image(uri: str, data: bytes, settings: ProbeSettings) -> MediaInfo:
 
 def _probe_image(uri: str, data: bytes, settings: ProbeSettings) -> tuple[MediaInfo, str | None]:
     """``probe_image``, and the image's format as Pillow names it (JPEG, PNG, ...). A YCbCr or
-    gray JPEG is checked as the loader decodes it, through libjpeg-turbo directly; any other
-    file, and one libjpeg-turbo reports on, through Pillow, which decides and words the reason."""
+    gray JPEG is checked as the loader decodes it, through libjpeg-turbo directly; a plain
+    8-bit PNG's image data through zlib-ng (``png``); any other file, and one either check
+    reports on, through Pillow, which decides and words the reason."""
     fast = _probe_fast_jpeg(uri, data, settings)
     return (fast, "JPEG") if fast is not None else _probe_with_pillow(uri, data, settings)
 
@@ -250,7 +252,7 @@ def _probe_with_pillow(uri: str, data: bytes, settings: ProbeSettings) -> tuple[
                         Reason.IMAGE_TOO_LARGE,
                         f"{uri}: {width}x{height} = {width * height} pixels > {settings.max_image_pixels}",
                     )
-                if settings.decode_images:
+                if settings.decode_images and not png.image_data_decodes(image, data):
                     if image.format == "JPEG":
                         image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
                     image.load()
