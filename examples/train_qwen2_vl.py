@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -239,6 +240,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
+    message = train(args, cuda)
+    # Everything that holds the group (DDP's reducer holds it from C++) is freed before the
+    # group is: freed last by the reducer at exit, with the GIL held, its destructor can wait
+    # for ever on a gloo thread that needs the GIL (the group's own destructor releases it).
+    gc.collect()
+    dist.barrier()
+    if dist.get_rank() == 0:
+        print(message)
+    dist.destroy_process_group()
+    return 0
+
+
+def train(args: argparse.Namespace, cuda: bool) -> str:
+    """The training loop, checkpoints and the trace; what happened, in a line."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
@@ -292,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
             if done or (args.save_every and progress["step"] % args.save_every == 0):
                 checkpoints.save(progress["step"], model, optimizer, loader, {**progress, "epoch": epoch})
             if done:
-                return _finish(trace, rank, f"stopped after step {progress['step']}")
+                return _closed(trace, f"stopped after step {progress['step']}")
         progress["epoch"] = epoch + 1
-    return _finish(trace, rank, f"finished {args.epochs} epoch(s), {progress['step']} steps")
+    return _closed(trace, f"finished {args.epochs} epoch(s), {progress['step']} steps")
 
 
 def _traced(batch: PackedBatch) -> dict:
@@ -302,14 +317,10 @@ def _traced(batch: PackedBatch) -> dict:
     return {"samples": traced_samples(batch), "fillers": batch.meta["fillers"], "media": has_media(batch)}
 
 
-def _finish(trace, rank: int, message: str) -> int:
+def _closed(trace, message: str) -> str:
     if trace:
         trace.close()
-    dist.barrier()
-    if rank == 0:
-        print(message)
-    dist.destroy_process_group()
-    return 0
+    return message
 
 
 if __name__ == "__main__":
