@@ -12,7 +12,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train bench-energon bench-webdataset clean
+.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
 
 setup: java $(STAMP)
 
@@ -153,6 +153,15 @@ bench-balance: setup
 # needs a CUDA GPU (a CPU runs only --smoke): packed (mmpack_varlen, SDPA) vs padded training tokens/s
 bench-gpu-train: setup
 	$(BIN)/python bench/bench_gpu_train.py
+
+# One device call on a lent GPU machine (no network, its own Python and torch): kernels, per-family
+# parity, throughput (bench/gpu_check.py; README "Check it on your GPU"). No setup: it installs only
+# the wheels carried under bench/gpu-wheels/ (transformers 5.24 where the machine's is older).
+GPU_PYTHON ?= python3
+gpu-check:
+	@if ls bench/gpu-wheels/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install -q --no-deps --no-index bench/gpu-wheels/*.whl; fi
+	PYTHONPATH=. $(GPU_PYTHON) bench/gpu_check.py
 
 bench-energon: setup
 	$(BIN)/python bench/bench_energon.py

@@ -40,7 +40,7 @@ import torch
 from common import OUT, SMOKE_DEMO_BUDGET, SMOKE_DEMO_SAMPLES, ensure_image_demo, machine, parse_with_smoke
 
 from loader import PackedBatch, PackedDataset, collate_packed
-from loader.attention import VARLEN, reference_varlen_attn, register_varlen
+from loader.attention import VARLEN, reference_varlen_attn, register_varlen, use_attention
 from loader.training import summed_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def throughput(args, model, bins: list[PackedBatch], device, dtype) -> list[dict
     rows = []
     packed = [to_device(b, device, dtype) for b in bins]
     for name in args.attentions:
-        model.set_attn_implementation(name)
+        use_attention(model, name)
         result = measure(model, packed, summed_loss, device)
         rows.append({"batches": "packed bins", "attention": name, "padding": 0.0, **result})
     model.set_attn_implementation("sdpa")
@@ -231,7 +231,7 @@ def parity(args, model, bins: list[PackedBatch], device, dtype) -> dict[str, Any
         noise += [float((a - e).abs().max()) for a, e in zip(alone, eager, strict=True)]
         scale = max(scale, *(float(a.abs().max()) for a in alone))
         for name in args.attentions:
-            model.set_attn_implementation(name)
+            use_attention(model, name)
             packed = last_hidden(model, inputs)
             diffs[name] += [float((packed[a:b] - x).abs().max())
                             for (a, b), x in zip(itertools.pairwise(cu), alone, strict=True)]  # fmt: skip

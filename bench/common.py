@@ -16,11 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from mmpack_udfs.config.model import SparkConfig
-from mmpack_udfs.io.spark import get_spark
-
 GIB = 1 << 30
 OUT = Path(os.environ.get("MMPACK_BENCH_OUT") or Path(__file__).resolve().parent / "out")
 
@@ -39,7 +34,11 @@ def parse_with_smoke(parser: argparse.ArgumentParser, argv: list[str] | None = N
 
 def bench_spark(master: str, driver_memory: str = "4g"):
     """A quiet local SparkSession for benchmarks, with mmpack's own Spark settings (those of
-    ``mmpack run``: Arrow batch size, shuffle partitions) plus the bench's."""
+    ``mmpack run``: Arrow batch size, shuffle partitions) plus the bench's. (Imported here: the
+    GPU check runs where neither pyspark nor psutil is installed.)"""
+    from mmpack_udfs.config.model import SparkConfig
+    from mmpack_udfs.io.spark import get_spark
+
     OUT.mkdir(parents=True, exist_ok=True)
     conf = {**SparkConfig().conf, "spark.ui.enabled": "false", "spark.driver.memory": driver_memory}
     return get_spark(SparkConfig(master=master, log_level="ERROR", conf=conf))
@@ -117,6 +116,8 @@ class PeakMemory(threading.Thread):
         self.peak = {"driver": 0, "jvm": 0, "worker": 0, "workers": 0}
 
     def run(self) -> None:
+        import psutil
+
         me = psutil.Process()
         while not self.stop.is_set():
             workers = 0

@@ -17,8 +17,9 @@ before the first step. What it shows:
 - ``model(**batch)``: the collated batch is the model's keyword arguments as they are
   (``position_ids`` [4, 1, T], no attention mask, ``use_cache=False``, flash-attn's
   ``cu_seq_lens_*``); logits are computed only where a label is supervised; ``--attn auto``
-  (the default) runs flash-attn if installed, else torch's own FlashAttention-2 varlen kernel
-  (``mmpack_varlen``) on CUDA, else SDPA: nothing to build for full speed;
+  (the default) runs ``mmpack_varlen`` on CUDA (flash-attn-4 or flash-attn if installed, else
+  torch's own FlashAttention-2 varlen kernel, torch 2.4+), else SDPA: nothing to build for full
+  speed;
 - gradient accumulation over ``--grad-accum`` micro-batches, the loss normalised by the
   number of supervised tokens of the whole step across all ranks (not per micro-batch);
 - checkpoints (model, optimizer, every rank's loader position) and an exact resume with
@@ -52,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import PackedBatch, PackedDataset, collate_packed, require_sample_isolation
-from loader.attention import choose_attention
+from loader.attention import VARLEN, use_attention, varlen_report
 from loader.training import (
     dataset_losses,
     has_media,
@@ -81,20 +82,20 @@ def tiny_qwen2_vl(seed: int = 0, attn_implementation: str = "sdpa"):
 
 
 def load_model(name: str, seed: int, attn_implementation: str, device: torch.device) -> torch.nn.Module:
-    """The model to train: ``attn_implementation`` "auto" picks flash-attn, else ``mmpack_varlen``
-    (torch's FlashAttention-2 varlen kernel) on CUDA, else SDPA (``choose_attention``)."""
+    """The model to train: ``attn_implementation`` "auto" picks ``mmpack_varlen`` where an exact
+    varlen kernel runs (CUDA sm80+, bf16: flash-attn-4, flash-attn, else torch's own
+    FlashAttention-2; vision towers in one call a layer), else SDPA (``use_attention``); rank 0
+    prints which kernel and why (``varlen_report``)."""
     if name == "tiny" or name.startswith("tiny-"):
         model_type = "qwen2_vl" if name == "tiny" else name.removeprefix("tiny-")
-        attention = choose_attention(attn_implementation, model_type, torch.float32)
-        model = tiny_models().tiny_model(model_type, seed, attention)
+        model = tiny_models().tiny_model(model_type, seed, "sdpa")
     else:
-        from transformers import AutoConfig, AutoModelForImageTextToText
+        from transformers import AutoModelForImageTextToText
 
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model_type = AutoConfig.from_pretrained(name).model_type
-        model = AutoModelForImageTextToText.from_pretrained(
-            name, attn_implementation=choose_attention(attn_implementation, model_type, dtype), dtype=dtype
-        )
+        model = AutoModelForImageTextToText.from_pretrained(name, attn_implementation="sdpa", dtype=dtype)
+    if use_attention(model, attn_implementation) == VARLEN and int(os.environ.get("RANK", "0")) == 0:
+        print(varlen_report(), flush=True)
     require_sample_isolation(model)
     return model.to(device)
 
@@ -214,7 +215,7 @@ def training_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--attn",
         default="auto",
-        help="auto (flash-attn if installed, else mmpack_varlen on CUDA, else sdpa), "
+        help="auto (mmpack_varlen where an exact varlen kernel runs: CUDA sm80+, bf16; else sdpa), "
         "mmpack_varlen, flash_attention_2, sdpa or eager",
     )
     parser.add_argument("--drop-remainder", action="store_true", help="no filler bins; drop the epoch's tail")

@@ -1,24 +1,34 @@
 """Attention over packed sequences: each sample attends only to itself.
 
-- ``varlen_attention`` (hand-written models) calls flash-attn's varlen kernel when flash-attn
-  and CUDA are there; otherwise SDPA with a block-diagonal mask (CPU too). Tensors use
-  flash-attn's layout: q [T, heads, dim], k/v [T, kv_heads, dim].
-- ``register_varlen`` / ``choose_attention``: ``mmpack_varlen``, transformers' attention on
-  PyTorch's own FlashAttention-2 varlen kernel (no flash-attn build), refusing what it cannot
-  compute exactly (``PackingUnsupported``).
+- ``varlen_attention`` (hand-written models) calls the fastest exact varlen kernel of this
+  machine on CUDA (``loader.varlen_kernels``); otherwise SDPA with a block-diagonal mask (CPU
+  too). Tensors use flash-attn's layout: q [T, heads, dim], k/v [T, kv_heads, dim].
+- ``register_varlen`` / ``choose_attention`` / ``use_attention``: ``mmpack_varlen``,
+  transformers' attention on those kernels (flash-attn-4, flash-attn, else PyTorch's own
+  FlashAttention-2 from torch 2.4 on: nothing to build), vision towers in one call a layer
+  (``VISION_VARLEN``), refusing what it cannot compute exactly (``PackingUnsupported``);
+  ``varlen_report`` says which kernel runs and why.
 - ``media_block_masks`` / ``with_model_masks``: Gemma 3's per-layer-type masks of a packed row,
   in the form of the attention in use (bool for SDPA, additive in the model's dtype for eager).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from loader.hybrid import PackingUnsupported
+from loader.varlen_kernels import (
+    BIDIRECTIONAL,
+    CAUSAL,
+    Kernel,
+    cuda_capability,
+    fa2_head_dim,
+    kernel_for,
+    resolve_kernels,
+)
 
 
 def sequence_mask(cu_seqlens: torch.Tensor, window: tuple[int, int] = (-1, 0)) -> torch.Tensor:
@@ -119,14 +129,6 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def _flash_varlen():
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError:
-        return None
-    return flash_attn_varlen_func
-
-
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -136,24 +138,31 @@ def varlen_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
-    """Attention of packed samples, [T, heads, dim]; equal to attending each sample alone."""
-    flash = _flash_varlen() if q.is_cuda else None
-    if flash is not None:
-        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-        return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal, softmax_scale=softmax_scale)
-    cu = cu_seqlens.to(q.device)
-    window = (-1, 0) if causal else (-1, -1)
-    return reference_varlen_attn(
-        q, k, v, cu, cu, max_seqlen, max_seqlen, scale=softmax_scale, window_size=window, enable_gqa=True
-    )
+    """Attention of packed samples, [T, heads, dim]; equal to attending each sample alone. On CUDA
+    in half precision the fastest exact kernel of this machine (``loader.varlen_kernels``), else
+    ``reference_varlen_attn`` (SDPA with a block-diagonal mask)."""
+    window = CAUSAL if causal else BIDIRECTIONAL
+    kernel = None
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        kernel = kernel_for(resolve_kernels(cuda_capability()), q.shape[-1])
+    call = kernel.call if kernel is not None else reference_varlen_attn
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    lengths = (max_seqlen, max_seqlen)
+    return call(q, k, v, cu, cu, *lengths, scale=softmax_scale, window_size=window, enable_gqa=True)
 
 
-# --- transformers' attention on torch's own FlashAttention-2 varlen kernel ------------------------
+# --- transformers' attention on the exact varlen kernels ------------------------------------------
 
 VARLEN = "mmpack_varlen"  # the attn_implementation name ``register_varlen`` registers
-Kernel = Callable[..., torch.Tensor]  # torch.nn.attention.varlen.varlen_attn's signature
-# the kernel mmpack_varlen calls, and whether it is torch's (CUDA, half precision only)
-_KERNEL: dict[str, Any] = {"kernel": None, "torch": True}
+# A vision tower's attention under mmpack_varlen. transformers' Qwen-VL vision attention takes its
+# one-call varlen path (cu_seqlens) only for a name that reads as flash-attn's ("flash" in it) and
+# loops over images otherwise; a name with "flash" fails ``set_attn_implementation`` at the top
+# level (transformers 5.24 looks it up as a hub kernel) but is accepted for a vision sub-model,
+# which is where ``use_attention`` puts it.
+VISION_VARLEN = "mmpack_varlen_flash_vision"
+# what mmpack_varlen runs on: ``kernels`` resolved by ``register_varlen`` (fastest first), or one
+# ``kernel`` given to it (any device and dtype: ``reference_varlen_attn`` on a CPU)
+_STATE: dict[str, Any] = {"registered": False, "kernel": None, "kernels": [], "capability": None}
 
 
 def reference_varlen_attn(
@@ -186,37 +195,40 @@ def reference_varlen_attn(
     return out[0].transpose(0, 1)
 
 
-def torch_varlen_kernel() -> Kernel:
-    """torch's public FlashAttention-2 varlen function (``torch.nn.attention.varlen.varlen_attn``
-    with GQA and windows), or ``PackingUnsupported`` naming the torch this needs."""
-    import inspect
-
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        varlen_attn = None
-    params = inspect.signature(varlen_attn).parameters if varlen_attn is not None else {}
-    if not {"enable_gqa", "window_size", "scale"} <= set(params):
-        raise PackingUnsupported(
-            f"mmpack_varlen needs torch.nn.attention.varlen.varlen_attn with GQA and windows "
-            f"(torch 2.13 has it; this is torch {torch.__version__}): upgrade torch, install flash-attn "
-            "(attn_implementation='flash_attention_2'), or use 'sdpa'"
-        )
-    return varlen_attn
-
-
 def register_varlen(kernel: Kernel | None = None) -> str:
-    """Register ``mmpack_varlen`` with transformers (its attention and its mask function: none,
-    as for flash-attn) and return the name, for ``from_pretrained(attn_implementation=...)`` or
-    ``model.set_attn_implementation``. ``kernel`` replaces torch's (same signature:
-    ``reference_varlen_attn`` runs on a CPU); by default torch's is checked here."""
+    """Register ``mmpack_varlen`` (and ``VISION_VARLEN``) with transformers (mask function: none,
+    as for flash-attn) and return the name, for ``from_pretrained(attn_implementation=...)``,
+    ``model.set_attn_implementation`` or ``use_attention``. The kernels are resolved here, once
+    (``loader.varlen_kernels.resolve_kernels``; ``varlen_report`` says which and why); ``kernel``
+    replaces them (same signature: ``reference_varlen_attn`` runs on a CPU)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-    _KERNEL.update(kernel=kernel or torch_varlen_kernel(), torch=kernel is None)
+    capability = cuda_capability()
+    kernels = [] if kernel is not None else resolve_kernels(capability)
+    _STATE.update(registered=True, kernel=kernel, kernels=kernels, capability=capability)
     AttentionInterface.register(VARLEN, varlen_attention_forward)
     AttentionMaskInterface.register(VARLEN, flash_attention_mask)
+    AttentionInterface.register(VISION_VARLEN, vision_varlen_attention_forward)
+    AttentionMaskInterface.register(VISION_VARLEN, flash_attention_mask)
     return VARLEN
+
+
+def varlen_report() -> str:
+    """What ``mmpack_varlen`` runs on here and why (the examples and ``PackedTrainer`` print it)."""
+    if _STATE["kernel"] is not None:
+        return f"mmpack_varlen: the given kernel {getattr(_STATE['kernel'], '__name__', _STATE['kernel'])}"
+    capability = _STATE["capability"]
+    where = f"torch {torch.__version__}"
+    if capability is None:
+        return f"mmpack_varlen on {where}: no CUDA device, so no kernel (it will refuse; use 'sdpa')"
+    where += f", {torch.cuda.get_device_name()} (sm{capability[0]}{capability[1]})"
+    kernels = _STATE["kernels"]
+    if not kernels:
+        return f"mmpack_varlen on {where}: no FlashAttention kernel for this GPU (sm80+); use 'sdpa'"
+    lines = [f"mmpack_varlen on {where}: {kernels[0].name}: {kernels[0].why}"]
+    lines += [f"  then, for head dims it lacks: {k.name}: {k.why}" for k in kernels[1:]]
+    return "\n".join(lines)
 
 
 def varlen_attention_forward(
@@ -237,23 +249,61 @@ def varlen_attention_forward(
     A causal call (the language model) takes the batch's sequences from ``cu_seq_lens_q/k`` and
     ``max_length_q/k`` (what ``collate_packed`` hands over), else from ``position_ids`` restarting
     at 0 (InternVL's batches), else each row is one sequence. A bidirectional call (a vision
-    tower, which transformers runs one image at a time for this name) is one sequence per row:
-    the text's boundaries passed on to it do not apply. GQA, causal sliding windows (W keys:
-    window (W - 1, 0)). What the kernel cannot do exactly is refused (``PackingUnsupported``)."""
+    tower's: InternVL's tiles, SigLIP's crops, a Qwen-VL tower run image by image) is one sequence
+    per row: the text's boundaries passed on to it do not apply. GQA, causal sliding windows (W
+    keys: window (W - 1, 0)). What the kernel cannot do exactly is refused (``PackingUnsupported``)."""
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     _refuse_inexact(query, key, attention_mask, dropout, softcap, sliding_window, causal)
-    if _KERNEL["torch"]:
-        _refuse_for_torch_kernel(query)
-    kernel = _KERNEL["kernel"] or torch_varlen_kernel()
+    rows, _, length, _ = query.shape
+    device = query.device
+    cu, longest = _sequences(kwargs, rows, length, device) if causal else _rows(rows, length, device)
+    window = (sliding_window - 1, 0) if sliding_window else CAUSAL if causal else BIDIRECTIONAL
+    return _attend(query, key, value, cu, longest, scaling, window), None
+
+
+def vision_varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``VISION_VARLEN``: a vision tower's bidirectional attention over all of a batch's images in
+    one kernel call, each image (frame, window) its own sequence, as the tower hands them to a
+    flash-attn implementation (Qwen-VL: ``cu_seq_lens_q/k``, ``max_length_q/k``); without them,
+    each row one sequence."""
+    _refuse_inexact(query, key, attention_mask, dropout, kwargs.get("softcap"), None, False)
+    rows, _, length, _ = query.shape
+    cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu is None:
+        cu, longest = _rows(rows, length, query.device)
+    else:
+        cu = _checked_boundaries(cu, kwargs.get("cu_seq_lens_k", cu), rows, length, query.device)
+        longest = int(longest) if longest is not None else int(cu.diff().max())
+    return _attend(query, key, value, cu, longest, scaling, BIDIRECTIONAL), None
+
+
+def _attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: torch.Tensor,
+    longest: int,
+    scaling: float | None,
+    window: tuple[int, int],
+) -> torch.Tensor:
+    """[B, H, T, D] in, [B, T, H, D] out: the rows flattened into the kernel's [B·T, H, D]."""
+    kernel = _STATE["kernel"] or _resolved_kernel(query)
     rows, heads, length, _ = query.shape
     q, k, v = (t.transpose(1, 2).reshape(rows * length, t.shape[1], t.shape[3]) for t in (query, key, value))
-    cu, longest = _sequences(kwargs, rows, length, causal, query.device)
-    window = (sliding_window - 1, 0) if sliding_window else (-1, 0) if causal else (-1, -1)
     out = kernel(
         q, k, v, cu, cu, longest, longest,
         scale=scaling, window_size=window, enable_gqa=k.shape[1] != q.shape[1],
     )  # fmt: skip
-    return out.reshape(rows, length, heads, out.shape[-1]), None
+    return out.reshape(rows, length, heads, out.shape[-1])
 
 
 def _refuse_inexact(
@@ -265,7 +315,7 @@ def _refuse_inexact(
     sliding_window: int | None,
     causal: bool,
 ) -> None:
-    """``PackingUnsupported`` for what the varlen kernel cannot compute exactly, with the way out."""
+    """``PackingUnsupported`` for what a varlen kernel cannot compute exactly, with the way out."""
     problem = None
     if attention_mask is not None:
         problem = (
@@ -287,36 +337,53 @@ def _refuse_inexact(
         raise PackingUnsupported(f"mmpack_varlen cannot run this exactly: {problem}")
 
 
-def _refuse_for_torch_kernel(query: torch.Tensor) -> None:
-    """What torch's FlashAttention-2 kernel refuses: not CUDA, not fp16/bf16, head dims it lacks."""
-    dim = query.shape[-1]
+def _resolved_kernel(query: torch.Tensor) -> Kernel:
+    """The first resolved kernel that takes ``query``, or ``PackingUnsupported`` saying why none
+    does: not fp16/bf16, a head dim no kernel has, not CUDA, a GPU older than sm80."""
+    dim, kernels = query.shape[-1], _STATE["kernels"]
+    kernel = kernel_for(kernels, dim)
     problem = None
     if query.dtype not in (torch.float16, torch.bfloat16):
-        problem = f"the kernel takes float16 or bfloat16, not {query.dtype}: load the model in bfloat16"
-    elif dim > 256 or dim % 8:
-        problem = f"the kernel takes head dimensions that are multiples of 8 up to 256, not {dim}"
+        problem = f"the kernels take float16 or bfloat16, not {query.dtype}: load the model in bfloat16"
+    elif (kernel is None) if kernels else not fa2_head_dim(dim):
+        names = ", ".join(k.name for k in kernels) or "FlashAttention-2"
+        problem = f"{names} take head dimensions that are multiples of 8 up to 256, not {dim}"
     elif not query.is_cuda:
-        problem = f"torch's FlashAttention-2 kernel runs on CUDA only (the tensors are on {query.device})"
+        problem = f"the FlashAttention kernels run on CUDA only (the tensors are on {query.device})"
+    elif kernel is None:
+        capability = _STATE["capability"]
+        sm = f"sm{capability[0]}{capability[1]}" if capability else "no CUDA device at registration"
+        problem = f"no FlashAttention kernel for this GPU ({sm}; they need sm80+)"
     if problem:
         raise PackingUnsupported(f"mmpack_varlen cannot run here: {problem}; use attn_implementation='sdpa'")
+    return kernel.call
+
+
+def _rows(rows: int, length: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Each of ``rows`` rows of ``length`` tokens one sequence."""
+    return torch.arange(rows + 1, dtype=torch.int32, device=device) * length, length
+
+
+def _checked_boundaries(
+    cu: torch.Tensor, cu_k: torch.Tensor, rows: int, length: int, device: torch.device
+) -> torch.Tensor:
+    """``cu`` as int32 on ``device``, refused unless it covers one row exactly, as keys do."""
+    if rows != 1 or int(cu[-1]) != length or not torch.equal(cu, cu_k):
+        raise PackingUnsupported(
+            f"mmpack_varlen: cu_seq_lens_q ends at {int(cu[-1])} for {rows} row(s) of {length} tokens "
+            "(packed batches are one row: collate_packed)"
+        )
+    return cu.to(device=device, dtype=torch.int32)
 
 
 def _sequences(
-    kwargs: dict[str, Any], rows: int, length: int, causal: bool, device: torch.device
+    kwargs: dict[str, Any], rows: int, length: int, device: torch.device
 ) -> tuple[torch.Tensor, int]:
-    """(cu_seqlens int32 on ``device``, longest sequence) of a call's flattened rows."""
-    whole = torch.arange(rows + 1, dtype=torch.int32, device=device) * length, length
-    if not causal:
-        return whole
+    """(cu_seqlens int32 on ``device``, longest sequence) of a causal call's flattened rows."""
     cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     positions = kwargs.get("position_ids")
     if cu is not None:
-        if rows != 1 or int(cu[-1]) != length or not torch.equal(cu, kwargs.get("cu_seq_lens_k", cu)):
-            raise PackingUnsupported(
-                f"mmpack_varlen: cu_seq_lens_q ends at {int(cu[-1])} for {rows} row(s) of {length} tokens "
-                "(packed batches are one row: collate_packed)"
-            )
-        cu = cu.to(device=device, dtype=torch.int32)
+        cu = _checked_boundaries(cu, kwargs.get("cu_seq_lens_k", cu), rows, length, device)
         return cu, int(longest) if longest is not None else int(cu.diff().max())
     if positions is not None and rows == 1 and positions.shape[-1] == length:
         text = positions.reshape(-1, length)[0]
@@ -325,36 +392,57 @@ def _sequences(
             starts = torch.cat([starts.new_zeros(1), starts])
         cu = torch.cat([starts, starts.new_full((1,), length)]).to(device=device, dtype=torch.int32)
         return cu, int(cu.diff().max())
-    return whole
+    return _rows(rows, length, device)
 
 
 def choose_attention(
     requested: str, model_type: str | None = None, dtype: torch.dtype | None = torch.bfloat16
 ) -> str:
-    """The ``attn_implementation`` for ``requested``: ``"auto"`` is flash-attn's
-    ``flash_attention_2`` when the flash-attn package and CUDA are there, else ``mmpack_varlen`` on
-    CUDA (torch's own kernel: nothing to build), else ``sdpa``; a model whose packed batches carry
-    masks (Gemma 3: image blocks attend bidirectionally) or whose ``dtype`` the kernels do not
-    take (float32) gets ``sdpa``. ``mmpack_varlen`` is registered when chosen; other names are
-    returned as they are."""
-    if requested == VARLEN:
-        return register_varlen()
-    if requested != "auto":
+    """The ``attn_implementation`` for ``requested``: ``"auto"`` is ``mmpack_varlen`` where an exact
+    varlen kernel runs (CUDA sm80+, fp16/bf16: flash-attn-4, flash-attn, else torch's own
+    FlashAttention-2; its vision towers in one call under ``use_attention``), else ``sdpa``; a
+    model whose packed batches carry masks (Gemma 3: image blocks attend bidirectionally) gets
+    ``sdpa``. ``mmpack_varlen`` is registered when chosen (unless it is already: its kernels stay);
+    other names are returned as they are."""
+    if requested == "auto":
+        half = dtype in (torch.float16, torch.bfloat16)
+        if _takes_masks(model_type) or not half or not resolve_kernels(cuda_capability()):
+            return "sdpa"
+    elif requested != VARLEN:
         return requested
-    half = dtype in (torch.float16, torch.bfloat16)
-    if _takes_masks(model_type) or not half or not torch.cuda.is_available():
-        return "sdpa"
-    if _flash_varlen() is not None:
-        return "flash_attention_2"
-    try:
-        return register_varlen()
-    except PackingUnsupported:
-        return "sdpa"
+    return VARLEN if _STATE["registered"] else register_varlen()
+
+
+def use_attention(model: torch.nn.Module, requested: str = "auto") -> str:
+    """Set ``model``'s attention to ``choose_attention(requested, ...)`` and return the name. Under
+    ``mmpack_varlen``, a vision tower that transformers runs image by image except under a
+    flash-attn name (``Family.vision_varlen_config``: Qwen-VL) gets ``VISION_VARLEN``, so each
+    layer attends over all of a batch's images in one kernel call."""
+    name = choose_attention(requested, model.config.model_type, model.dtype)
+    vision = _vision_config_key(model.config.model_type) if name == VARLEN else None
+    if vision is None:
+        model.set_attn_implementation(name)
+        return name
+    # every sub-config named: a dict's sub-configs otherwise keep what they had
+    implementation = {"": name, **{key: name for key in model.config.sub_configs}, vision: VISION_VARLEN}
+    model.set_attn_implementation(implementation)
+    return name
+
+
+def _family(model_type: str | None):
+    from mmpack_udfs.families import FAMILIES, MODEL_TYPES
+
+    kind = MODEL_TYPES.get(model_type or "")
+    return FAMILIES[kind] if kind is not None else None
 
 
 def _takes_masks(model_type: str | None) -> bool:
     """Whether packed batches of ``model_type``'s family carry attention masks."""
-    from mmpack_udfs.families import FAMILIES, MODEL_TYPES
+    family = _family(model_type)
+    return family is not None and family.bidirectional_media
 
-    kind = MODEL_TYPES.get(model_type or "")
-    return kind is not None and FAMILIES[kind].bidirectional_media
+
+def _vision_config_key(model_type: str | None) -> str | None:
+    """The sub-config of ``model_type``'s vision tower that attends image by image unless told flash."""
+    family = _family(model_type)
+    return family.vision_varlen_config if family is not None else None

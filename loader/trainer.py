@@ -18,9 +18,10 @@ changes in ``Trainer``, and why:
   runs the vision tower as often on every step (FSDP, ZeRO-3; ``loader.training``);
   ``idle_media=False`` turns that off. Gemma 3's masks reach the model in the form its
   attention takes (``attention.with_model_masks``).
-- **Attention.** ``attention="auto"`` sets the model's ``attn_implementation``: flash-attn's
-  when installed on CUDA, else ``mmpack_varlen`` (torch's own FlashAttention-2 varlen kernel)
-  on CUDA, else SDPA (``loader.attention.choose_attention``).
+- **Attention.** ``attention="auto"`` sets the model's ``attn_implementation``:
+  ``mmpack_varlen`` where an exact varlen kernel runs (CUDA sm80+, bf16/fp16: flash-attn-4,
+  flash-attn, else torch's own FlashAttention-2), its Qwen-VL vision tower in one call a layer,
+  else SDPA (``loader.attention.use_attention``); rank 0 prints ``varlen_report()``.
 - **The loss** of a micro-batch is its summed cross-entropy (logits only at supervised
   positions) over the supervised tokens of the whole optimizer step, all micro-batches of
   all ranks, times the world size (DDP and FSDP average gradients over ranks): the same
@@ -63,7 +64,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from loader.attention import choose_attention
+from loader.attention import VARLEN, use_attention, varlen_report
 from loader.collate import PackedBatch, collate_packed
 from loader.dataset import PackedDataset
 from loader.hybrid import require_sample_isolation
@@ -219,8 +220,10 @@ class PackedTrainerMixin:
         if eval_dataset is not None:
             self._require_kind(eval_dataset, "evaluation pack")
         require_sample_isolation(model)
-        if attention is not None:  # "auto": flash-attn, else mmpack_varlen on CUDA, else SDPA
-            model.set_attn_implementation(choose_attention(attention, model.config.model_type, model.dtype))
+        if attention is not None:  # "auto": mmpack_varlen where an exact varlen kernel runs, else SDPA
+            chosen = use_attention(model, attention)
+            if chosen == VARLEN and args.process_index == 0:
+                print(varlen_report(), flush=True)
         settings = idle_media_settings(model.config)
         if idle_media and settings is None:
             raise ValueError(f"idle_media: mmpack has no idle media for {type(model).__name__}")

@@ -95,6 +95,10 @@ class Family:
     # whether its image tokens attend to each other within an image (Gemma 3): the loader then
     # builds the attention masks of packed batches itself (loader.collate)
     bidirectional_media = False
+    # the sub-config of a vision tower that transformers runs one image per attention call unless
+    # the attention's name reads as flash-attn's (Qwen-VL's VisionAttention): under mmpack_varlen it
+    # gets loader.attention.VISION_VARLEN, one varlen call per layer for all of a batch's images
+    vision_varlen_config: str | None = None
     # whether ``mmpack export rl`` counts its RL prompts exactly: the generation prompt its chat
     # template adds is the header of an assistant turn, checked against its processor
     # (tests/mmpack_udfs/export/test_rl.py); other families' exports are refused

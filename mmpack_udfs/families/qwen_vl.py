@@ -46,6 +46,7 @@ class Qwen2VL(Family):
     kind = "qwen2_vl"
     mrope = True
     rl_prompts = True
+    vision_varlen_config = "vision_config"  # its VisionAttention loops over images unless "flash"
     media_tokens: ClassVar[dict[str, MediaTokens]] = {
         "image": MediaTokens(("<|vision_start|>",), "<|image_pad|>", ("<|vision_end|>",)),
         "video": MediaTokens(("<|vision_start|>",), "<|video_pad|>", ("<|vision_end|>",)),

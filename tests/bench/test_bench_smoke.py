@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHMARKS = sorted(p.name for p in (ROOT / "bench").glob("bench_*.py"))
+BENCHMARKS = sorted([p.name for p in (ROOT / "bench").glob("bench_*.py")] + ["gpu_check.py"])
 RUNNER = Path(__file__).with_name("smoke_runner.py")
 TIMEOUT_S = 1500
 

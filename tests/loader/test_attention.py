@@ -59,43 +59,6 @@ def test_block_diagonal_mask_blocks_when_added_to_scores():
 # -- mmpack_varlen: transformers' attention on torch's varlen kernel ------------------------------
 
 
-def windowed_per_sample(q, k, v, cu, window):
-    """Each sequence alone, SDPA with its (left, right) window as a mask."""
-    outs = []
-    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-        n = b - a
-        offset = torch.arange(n)[None, :] - torch.arange(n)[:, None]
-        allowed = torch.ones(n, n, dtype=torch.bool)
-        if window[0] >= 0:
-            allowed &= offset >= -window[0]
-        if window[1] >= 0:
-            allowed &= offset <= window[1]
-        qs, ks, vs = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))
-        ks = ks.repeat_interleave(qs.shape[1] // ks.shape[1], dim=1)
-        vs = vs.repeat_interleave(qs.shape[1] // vs.shape[1], dim=1)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed)[0].transpose(0, 1))
-    return torch.cat(outs)
-
-
-@pytest.mark.parametrize("window", [(-1, 0), (-1, -1), (3, 0)])
-def test_the_reference_kernel_equals_each_sequence_alone(window):
-    torch.manual_seed(2)
-    cu = torch.tensor([0, 7, 8, 20], dtype=torch.int32)
-    q, k, v = torch.randn(20, 4, 8), torch.randn(20, 2, 8), torch.randn(20, 2, 8)
-    got = reference_varlen_attn(q, k, v, cu, cu, 12, 12, window_size=window, enable_gqa=True)
-    torch.testing.assert_close(got, windowed_per_sample(q, k, v, cu, window), atol=1e-6, rtol=1e-6)
-    with pytest.raises(ValueError, match="enable_gqa"):
-        reference_varlen_attn(q, k, v, cu, cu, 12, 12)
-
-
-@pytest.fixture
-def varlen_kernel():
-    """``register_varlen(kernel)`` for one test; the kernel registered before comes back after."""
-    before = dict(attention._KERNEL)
-    yield lambda kernel=None: attention.register_varlen(kernel)
-    attention._KERNEL.update(before)
-
-
 def tiny_causal_lm(attention_name: str, **extra):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -162,20 +125,6 @@ def call(query, key=None, mask=None, **kwargs):
 
 
 @pytest.mark.parametrize(
-    "query,options,message",
-    [
-        (torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16), {}, "CUDA only"),
-        (torch.zeros(1, 2, 4, 8), {}, "float16 or bfloat16, not torch.float32"),
-        (torch.zeros(1, 2, 4, 12, dtype=torch.bfloat16), {}, "multiples of 8 up to 256, not 12"),
-    ],
-)
-def test_torchs_kernel_refuses_what_it_cannot_run(varlen_kernel, query, options, message):
-    varlen_kernel()  # torch's own kernel
-    with pytest.raises(PackingUnsupported, match=message):
-        call(query, **options)
-
-
-@pytest.mark.parametrize(
     "key,mask,options,message",
     [
         (None, torch.ones(1, 1, 4, 4, dtype=torch.bool), {}, "attention mask .*Gemma 3.*'sdpa'"),
@@ -189,26 +138,6 @@ def test_mmpack_varlen_refuses_what_no_varlen_kernel_computes(varlen_kernel, key
     varlen_kernel(reference_varlen_attn)
     with pytest.raises(PackingUnsupported, match=message):
         call(torch.zeros(1, 2, 4, 8), key, mask, **options)
-
-
-def test_a_torch_without_the_kernel_is_refused_at_registration(monkeypatch):
-    import torch.nn.attention.varlen as varlen
-
-    monkeypatch.setattr(varlen, "varlen_attn", lambda query, key, value, cu_q, cu_k, max_q, max_k: None)
-    with pytest.raises(PackingUnsupported, match="upgrade torch, install flash-attn"):
-        attention.torch_varlen_kernel()
-
-
-def test_auto_picks_flash_attn_then_mmpack_varlen_on_cuda_else_sdpa(varlen_kernel, monkeypatch):
-    assert attention.choose_attention("auto", "qwen2_vl") == "sdpa"  # this machine: no CUDA
-    assert attention.choose_attention("eager", "qwen2_vl") == "eager"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert attention.choose_attention("auto", "qwen2_vl") == VARLEN
-    assert attention._KERNEL["torch"]  # the real kernel, registered
-    assert attention.choose_attention("auto", "qwen2_vl", torch.float32) == "sdpa"  # the kernel takes halves
-    assert attention.choose_attention("auto", "gemma3") == "sdpa"  # masks: bidirectional image blocks
-    monkeypatch.setattr(attention, "_flash_varlen", lambda: object())
-    assert attention.choose_attention("auto", "internvl") == "flash_attention_2"
 
 
 # -- Gemma 3's masks, in the form of the attention in use ---------------------------------------

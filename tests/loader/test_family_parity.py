@@ -30,6 +30,7 @@ from tests.loader.test_model_parity import (
     assert_each_sample_alone,
     register_attentions,
     sample_media,
+    vision_boundaries,
     with_attention,
 )
 from tests.models.build import tiny_models
@@ -164,12 +165,18 @@ def test_packed_equals_each_sample_alone(flash_cpu, family_run, model_type, atte
     assert check_packed_equals_alone(model, batches) >= 6
     if attention == "flash_varlen_cpu":  # the text layers used the batch's boundaries
         assert CALLS.count("cu_seq_lens") >= 3 * model.config.text_config.num_hidden_layers
-    if attention == "mmpack_varlen":  # the registered function ran every text layer, on them
-        sequences = [collate_packed(bins).meta["cu_seq_lens"] for bins in batches]
+    if attention == "mmpack_varlen":  # the registered functions ran every layer, on their sequences
+        collated = [collate_packed(bins) for bins in batches]
+        sequences = [batch.meta["cu_seq_lens"] for batch in collated]
         causal = [cu for cu, window in KERNEL_CALLS if window == (-1, 0)]
         packed = [cu for cu in causal if len(cu) > 2]  # the samples alone are one sequence each
         assert len(packed) == len(batches) * model.config.text_config.num_hidden_layers
         assert all(cu in sequences for cu in packed)
+        # the vision tower: one call a layer for all of a batch's images (videos), each frame (or
+        # window) its own sequence; as many calls again for the samples alone
+        towers = sum(len(vision_boundaries(batch)) for batch in collated)
+        whole = [cu for cu, window in KERNEL_CALLS if window == (-1, -1) and len(cu) > 2]
+        assert len(whole) >= towers * model.config.vision_config.depth
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from loader import PackedDataset, collate_packed, varlen_attention
-from loader.attention import reference_varlen_attn, register_varlen
+from loader.attention import VARLEN, reference_varlen_attn, register_varlen, use_attention
 
 pytestmark = pytest.mark.spark
 
@@ -72,14 +72,28 @@ def recording_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **opti
     return reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **options)
 
 
-def text_calls(cu: list[int]) -> int:
+def text_calls(cu: list[int], vision: list[list[int]] | None = None) -> int:
     """mmpack_varlen's causal calls (the language model's layers), each checked to have received
     the batch's sequences ``cu``; bidirectional calls (a vision tower's) are one image or crop
-    per row, whatever text boundaries came along."""
+    per row, whatever text boundaries came along, or (``vision``: a Qwen-VL tower under its
+    one-call name) one of the towers' own boundaries."""
     causal = [seen for seen, window in KERNEL_CALLS if window == (-1, 0)]
     assert all(seen == cu for seen in causal), (causal[:1], cu)
-    assert all(len(set(np.diff(seen))) == 1 for seen, window in KERNEL_CALLS if window == (-1, -1))
+    for seen in (seen for seen, window in KERNEL_CALLS if window == (-1, -1)):
+        assert seen in vision if vision is not None else len(set(np.diff(seen))) == 1, seen
     return len(causal)
+
+
+def vision_boundaries(batch) -> list[list[int]]:
+    """The sequences a Qwen-VL tower attends over in one call: every frame of every image (then
+    every video) of the batch its own sequence of h·w patches."""
+    out = []
+    for key in ("image_grid_thw", "video_grid_thw"):
+        if key in batch:
+            grid = batch[key]
+            lengths = torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0])
+            out.append([0, *lengths.cumsum(0).tolist()])
+    return out
 
 
 def register_attentions() -> None:
@@ -100,7 +114,11 @@ def example():
 
 def with_attention(model, name: str):
     """Switch a built model's attention (a flash name is set after building: transformers
-    would otherwise look for a flash-attn kernel to load)."""
+    would otherwise look for a flash-attn kernel to load); mmpack_varlen as a user sets it
+    (``use_attention``: a Qwen-VL vision tower gets its one-call name)."""
+    if name == VARLEN:
+        use_attention(model, VARLEN)
+        return model.eval()
     for config in (model.config, *(getattr(model.config, k, None) for k in ("text_config", "vision_config"))):
         if config is not None:
             config._attn_implementation_internal = name
@@ -199,8 +217,11 @@ def test_qwen2_vl_packed_equals_each_sample_alone(example, micro_batches, attent
             packed = model(**batch)
         if attention == "flash_varlen_cpu":  # text layers used the batch's boundaries, not a guess
             assert CALLS.count("cu_seq_lens") >= model.config.text_config.num_hidden_layers
-        if attention == "mmpack_varlen":  # the registered function ran every text layer, on them
-            assert text_calls(batch.meta["cu_seq_lens"]) == model.config.text_config.num_hidden_layers
+        if attention == "mmpack_varlen":  # the registered functions ran every layer, on their sequences
+            vision = vision_boundaries(batch)
+            assert text_calls(batch.meta["cu_seq_lens"], vision) == model.config.text_config.num_hidden_layers
+            one_call = [seen for seen, window in KERNEL_CALLS if window == (-1, -1)]  # a layer, all images
+            assert len(one_call) == len(vision) * model.config.vision_config.depth
         media = sample_media(batch, batch.meta["cu_seq_lens"])
         checked_samples += assert_each_sample_alone(
             batch, packed, media, lambda ids, labels, m: alone(model, ids[0], labels[0], m)

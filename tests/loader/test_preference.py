@@ -310,23 +310,24 @@ def training_args(tmp_path, **extra: Any) -> TrainingArguments:
     )
 
 
-def test_the_trainer_sets_the_attention_auto_picks(bins, tmp_path, monkeypatch):
-    """``PackedTrainer(attention="auto")``: SDPA on a CPU or for a float32 model, mmpack_varlen
-    (torch's kernel) for a bf16 model on CUDA when flash-attn is not installed."""
-    from loader import attention
+def test_the_trainer_sets_the_attention_auto_picks(bins, tmp_path, fake_gpu, capsys):
+    """``PackedTrainer(attention="auto")``: SDPA on a CPU or for a float32 model; for a bf16 model
+    on an sm90 GPU, mmpack_varlen (torch's kernel, flash-attn not installed) with the vision
+    tower's one-call name, and the kernel it runs on printed."""
+    from loader.attention import VISION_VARLEN
     from loader.trainer import PackedTrainer
 
     sft = HandPack(bins, preference=False)
     model = tiny_qwen2_vl("eager")
     PackedTrainer(model=model, args=training_args(tmp_path), train_dataset=sft, attention="auto")
     assert model.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(attention, "_flash_varlen", lambda: None)
-    monkeypatch.setattr(attention, "_KERNEL", dict(attention._KERNEL))  # restored after the test
+    fake_gpu((9, 0))
     model = tiny_qwen2_vl("eager").to(torch.bfloat16)
     PackedTrainer(model=model, args=training_args(tmp_path), train_dataset=sft, attention="auto")
     assert model.config._attn_implementation == "mmpack_varlen"
     assert model.config.text_config._attn_implementation == "mmpack_varlen"
+    assert model.config.vision_config._attn_implementation == VISION_VARLEN
+    assert "mmpack_varlen on torch" in capsys.readouterr().out
 
 
 def test_each_trainer_refuses_the_other_kind_of_pack(bins, tmp_path):
