@@ -402,13 +402,15 @@ def choose_attention(
     varlen kernel runs (CUDA sm80+, fp16/bf16: flash-attn-4, flash-attn, else torch's own
     FlashAttention-2; its vision towers in one call under ``use_attention``), else ``sdpa``; a
     model whose packed batches carry masks (Gemma 3: image blocks attend bidirectionally) gets
-    ``sdpa``. ``mmpack_varlen`` is registered when chosen (unless it is already: its kernels stay);
-    other names are returned as they are."""
+    ``sdpa``. "auto" registers ``mmpack_varlen`` on this machine's kernels; ``"mmpack_varlen"``
+    registers it unless it is already (a kernel given to ``register_varlen`` stays); other names
+    are returned as they are."""
     if requested == "auto":
         half = dtype in (torch.float16, torch.bfloat16)
         if _takes_masks(model_type) or not half or not resolve_kernels(cuda_capability()):
             return "sdpa"
-    elif requested != VARLEN:
+        return register_varlen()
+    if requested != VARLEN:
         return requested
     return VARLEN if _STATE["registered"] else register_varlen()
 

@@ -223,3 +223,66 @@ def test_gemma3_masks_are_refused_for_an_attention_that_cannot_take_them(attenti
     masks = collate_packed([gemma3_bin([(300, 20)])])["attention_mask"]
     with pytest.raises(PackingUnsupported, match="use 'sdpa' or 'eager'"):
         attention.model_masks(masks, attention_name, torch.bfloat16)
+
+
+# -- vision towers in one varlen call a layer ------------------------------------------------------
+
+
+def vision_inputs(model) -> tuple:
+    """Five images for ``model``'s vision tower, as its processor hands them over: Qwen-VL's
+    patches of three grids (one of two frames), InternVL's tiles, LLaVA-OneVision's crops."""
+    vision = model.config.vision_config
+    generator = torch.Generator().manual_seed(4)
+    if hasattr(vision, "temporal_patch_size"):
+        grid = torch.tensor([[1, 4, 4], [2, 4, 8], [1, 8, 4]])
+        width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        return torch.randn(int(grid.prod(-1).sum()), width, generator=generator), grid
+    size = vision.image_size if isinstance(vision.image_size, int) else vision.image_size[0]
+    return (torch.randn(5, 3, size, size, generator=generator),)
+
+
+def run_tower(model, inputs: tuple) -> torch.Tensor:
+    with torch.no_grad():
+        if len(inputs) == 2:
+            out = model.model.visual(inputs[0], grid_thw=inputs[1])
+        elif model.config.model_type == "internvl":
+            return model.model.get_image_features(inputs[0]).pooler_output
+        else:
+            out = model.model.vision_tower(inputs[0])
+    return out.last_hidden_state
+
+
+@pytest.mark.parametrize(
+    "model_type", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "llava_onevision"]
+)
+def test_vision_towers_attend_over_all_images_in_one_varlen_call_a_layer(varlen_kernel, model_type):
+    """Under ``use_attention(model, "mmpack_varlen")`` every vision layer calls the kernel once for
+    all of the images, each image (frame) its own sequence, and the tower's output is SDPA's.
+    A Qwen-VL tower gets its one-call name (transformers would loop over the images otherwise)."""
+    from tests.models.build import tiny_models
+
+    calls = []
+
+    def kernel(*args, **options):
+        calls.append((args[3].tolist(), options["window_size"]))
+        return reference_varlen_attn(*args, **options)
+
+    varlen_kernel(kernel)
+    model = tiny_models().tiny_model(model_type, seed=2)
+    inputs = vision_inputs(model)
+    expected = run_tower(model, inputs)
+    assert attention.use_attention(model, VARLEN) == VARLEN
+    qwen = len(inputs) == 2
+    tower_name = attention.VISION_VARLEN if qwen else VARLEN
+    assert model.config.vision_config._attn_implementation == tower_name
+    assert model.config.text_config._attn_implementation == VARLEN
+    got = run_tower(model, inputs)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    vision = model.config.vision_config
+    layers = getattr(vision, "depth", None) or vision.num_hidden_layers
+    assert len(calls) == layers and all(window == (-1, -1) for _, window in calls)
+    if qwen:  # each frame its own sequence of h·w patches (Qwen2.5-VL's window layers: windows of them)
+        frames = [0, 16, 48, 80, 112]
+        assert any(cu == frames for cu, _ in calls)
+    else:
+        assert all(len(cu) == 6 for cu, _ in calls)  # five tiles or crops, rows of one call
