@@ -5,18 +5,20 @@
 It installs nothing and reaches no network: the machine's torch (whatever release: the kernels
 are resolved for it, loader/varlen_kernels.py), its transformers, or the wheels under
 bench/gpu-wheels/ that ``make gpu-check`` installs first (carry them: transformers 5.24 is ~12 MB).
-The data is the demo packed for Qwen2-VL (bench/out/gpu-train-demo-BUDGET, made by
-``bench_gpu_train.py`` on a machine with Spark: carry it); any more packs under
-bench/out/gpu-check-packs/<model_type>/packed are checked for parity too. In order:
+The data: the demo packed for Qwen2-VL (bench/out/gpu-train-demo-BUDGET/packed) and each
+family's demo packed for its tiny model directory (bench/out/gpu-check-packs/<model_type>/packed),
+both made by ``--prepare`` on a machine with Spark, then carried (~11 MB, media embedded). In order:
 
 1. ``varlen_report()``: the kernel mmpack_varlen runs on and why, with torch and the device.
 2. Kernels: every kernel this machine resolves, in bf16, forward and backward with GQA (8 query
    heads, 2 KV heads), head dims 64 and 128, causal, a causal window, bidirectional: the largest
    difference from float32 attention over each sequence alone, against the difference of
    bf16 SDPA over each sequence alone (the precision's own noise); gradient shapes; NaNs.
-3. Parity: on tiny random models in bf16 (Qwen2-VL at 2B widths cut to a few layers, and each
-   carried family pack), each sample's last hidden states packed vs alone under every attention
-   (each kernel of mmpack_varlen, SDPA, eager), against SDPA-vs-eager noise alone; a leak control.
+3. Parity, in bf16: a random Qwen2-VL at 2B widths cut to a few layers, each sample packed vs
+   alone under every attention (each kernel of mmpack_varlen, SDPA, eager) against SDPA-vs-eager
+   noise alone, and a leak control; then a tiny random model of every family on its pack, each
+   packed sample under every attention against the same bins in float32 under SDPA (equal to
+   each sample alone: the CPU parity suites), NaN counts, a leak control, refusals as results.
 4. Throughput at Qwen2-VL-2B widths: packed bins under each kernel and SDPA, padded micro-batches
    (random and length-grouped) at each batch size, peak memory, the vision tower's share of the
    step, the packed step's model FLOP/s and utilisation (FLOPs from the widths, attention from
@@ -42,8 +44,15 @@ import torch
 import torch.nn.functional as F
 from common import OUT, SMOKE_DEMO_BUDGET, SMOKE_DEMO_SAMPLES, ensure_image_demo, machine, parse_with_smoke
 
-from loader import PackedBatch
-from loader.attention import VARLEN, reference_varlen_attn, register_varlen, use_attention, varlen_report
+from loader import PackedBatch, PackingUnsupported, require_sample_isolation
+from loader.attention import (
+    VARLEN,
+    reference_varlen_attn,
+    register_varlen,
+    use_attention,
+    varlen_report,
+    with_model_masks,
+)
 from loader.training import summed_loss
 from loader.varlen_kernels import VarlenKernel, cuda_capability, resolve_kernels
 
@@ -206,12 +215,56 @@ def _device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-FAMILY_PACKS = ("qwen2_vl", "qwen3_vl")  # what bench_gpu_train.samples_of cuts alone: Qwen2 ids, images
+# The families checked on carried packs (``--prepare`` makes them, one tiny model directory each,
+# tests/models/build.py): Qwen3.5 only where flash-linear-attention and causal-conv1d are installed
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "llava_onevision", "gemma3")
+FAMILY_BUDGET = {"internvl": 2048, "llava_onevision": 2048}  # a tile is 256 tokens; the rest 1,024
+
+
+def prepare_packs(root: Path, samples: int) -> None:
+    """Each family's demo, tokenized for its tiny model directory and packed into small bins;
+    only the packs (media embedded, ~0.3 MB each) are kept under ``root``, to carry."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    sys.path.insert(0, str(train.ROOT))  # the tests' model directories (their published files)
+    from tests.models.build import build_model_dir
+
+    for model_type in FAMILIES:
+        if (root / model_type / "packed" / "manifest.json").exists():
+            continue
+        with tempfile.TemporaryDirectory() as work:
+            name = "qwen2_5_vl" if model_type == "qwen2_vl" else model_type  # the same files, another config
+            model = build_model_dir(name, Path(work) / "model")
+            if model_type == "qwen2_vl":
+                model = _as_qwen2_vl(model, Path(work) / "qwen2_vl")
+            settings = [f"tokenize.model={model}", f"pack.budget={FAMILY_BUDGET.get(model_type, 1024)}",
+                        "pack.oversize=skip"]  # fmt: skip
+            out = Path(work) / "run"
+            command = [sys.executable, "-m", "mmpack_udfs.cli", "demo", "--out", str(out),
+                       "--master", "local[2]", "--samples", str(samples)]  # fmt: skip
+            command += [part for setting in settings for part in ("--set", setting)]
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            shutil.copytree(out / "packed", root / model_type / "packed")
+        print(f"{model_type}: {root / model_type / 'packed'}", flush=True)
+
+
+def _as_qwen2_vl(source: Path, target: Path) -> Path:
+    """A Qwen2-VL directory: Qwen2.5-VL's published files with a tiny Qwen2-VL config.json."""
+    import shutil
+
+    sys.path.insert(0, str(train.ROOT / "examples"))
+    from tiny_models import tiny_config
+
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    (target / "config.json").write_text(json.dumps(tiny_config("qwen2_vl")))
+    return target
 
 
 def family_packs(root: Path) -> list[tuple[str, Path]]:
-    """Carried packs of the families whose samples ``samples_of`` cuts out of a bin."""
-    return [(name, root / name / "packed") for name in FAMILY_PACKS if (root / name / "packed").exists()]
+    """The carried family packs."""
+    return [(name, root / name / "packed") for name in FAMILIES if (root / name / "packed").exists()]
 
 
 def tiny_family_model(model_type: str, device, dtype) -> torch.nn.Module:
@@ -222,7 +275,78 @@ def tiny_family_model(model_type: str, device, dtype) -> torch.nn.Module:
 
     torch.manual_seed(0)
     config = AutoConfig.for_model(**tiny_config(model_type))
-    return AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa", dtype=dtype).to(device)
+    model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    if model_type == "gemma3":  # its projection starts at zero: images would not reach the text
+        torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.02)
+    return model.to(device).eval()
+
+
+def packed_hidden(model, batch: PackedBatch, device, dtype) -> torch.Tensor:
+    """The last hidden states of a packed batch, in the attention's form of its masks (Gemma 3)."""
+    inputs = with_model_masks(train.to_device(batch, device, dtype), model)
+    inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    with torch.no_grad():
+        return model.model(**inputs).last_hidden_state[0].float()
+
+
+def without_boundaries(batch: PackedBatch) -> PackedBatch:
+    """The leak control: one sequence for the whole bin (positions counting on, no cu_seq_lens)."""
+    out = type(batch)({k: v for k, v in batch.items() if k not in BOUNDARY_KWARGS})
+    out.meta = dict(batch.meta)
+    positions = batch["position_ids"].clone()
+    length = positions.shape[-1]
+    if positions.dim() == 3:  # Qwen-VL: the text row finds the samples
+        positions[0] = torch.arange(length)
+    else:
+        positions[...] = torch.arange(length)
+    out["position_ids"] = positions
+    return out
+
+
+BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def family_parity(model_type: str, pack: Path, kernels, device, dtype, count: int) -> dict[str, Any]:
+    """A tiny random model of the family, in ``dtype``: each packed sample's last hidden states
+    under every attention (each kernel of mmpack_varlen, SDPA, eager) against the same packed bins
+    in float32 under SDPA (equal to each sample alone: the CPU parity suites), SDPA's and eager's
+    own differences from it the precision's noise; a leak control (no boundaries; not Gemma 3,
+    whose masks carry them); NaN counts. A refusal (Gemma 3 under a varlen kernel, Qwen3.5 without
+    its kernels) is a result."""
+    bins = train.first_bins(str(pack), count, smallest=True)
+    reference_model = tiny_family_model(model_type, device, torch.float32)
+    try:
+        require_sample_isolation(reference_model)
+    except PackingUnsupported as refusal:
+        return {"refused": str(refusal)}
+    reference = [packed_hidden(reference_model, b, device, torch.float32) for b in bins]
+    model = tiny_family_model(model_type, device, dtype)
+    attentions = [(with_kernel, kernel) for kernel in kernels] + [(None, "sdpa"), (None, "eager")]
+    results: dict[str, Any] = {}
+    for setter, what in attentions:
+        name = setter(model, what) if setter else what
+        if not setter:
+            model.set_attn_implementation(what)
+        try:
+            hidden = [packed_hidden(model, b, device, dtype) for b in bins]
+        except PackingUnsupported as refusal:
+            results[name] = {"refused": str(refusal).split(": ", 1)[-1][:120]}
+            continue
+        diffs = [
+            float((h[a:b] - r[a:b]).abs().max())
+            for h, r, batch in zip(hidden, reference, bins, strict=True)
+            for a, b in itertools.pairwise(batch.meta["cu_seq_lens"])
+        ]
+        results[name] = {"max": round(max(diffs), 4), "median": round(sorted(diffs)[len(diffs) // 2], 4),
+                         "samples": len(diffs), "nan": sum(int(h.isnan().sum()) for h in hidden)}  # fmt: skip
+    if model_type != "gemma3":
+        model.set_attn_implementation("sdpa")
+        leaky = [packed_hidden(model, without_boundaries(b), device, dtype) for b in bins]
+        later = [float((h[a:] - r[a:]).abs().max()) for h, r, b in zip(leaky, reference, bins, strict=True)
+                 for a in b.meta["cu_seq_lens"][1:-1]]  # fmt: skip
+        results["leak_control_min"] = round(min(later), 4) if later else None
+    results["nan"] = any(row.get("nan") for row in results.values() if isinstance(row, dict))
+    return results
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -233,11 +357,16 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results["kernels"]:
         lines.append(f"| {row['kernel']} | {row['head_dim']} | {tuple(row['window'])} | {row['out_diff']} "
                      f"| {row['out_noise_bf16_sdpa']} | {row['grad_diff']} | {row['nan']} |")  # fmt: skip
-    lines += ["", "| model | attention | packed vs alone, max | median |", "|---|---|---|---|"]
+    title = "| model | attention | packed vs alone (tiny: vs packed float32 SDPA), max | median |"
+    lines += ["", title, "|---|---|---|---|"]
     for model, summary in results["parity"].items():
         for name, row in summary.items():
-            if isinstance(row, dict):
+            if isinstance(row, dict) and "refused" in row:
+                lines.append(f"| {model} | {name} | refused: {row['refused']} | |")
+            elif isinstance(row, dict):
                 lines.append(f"| {model} | {name} | {row['max']} | {row['median']} |")
+        if "refused" in summary:
+            lines.append(f"| {model} | all | refused: {summary['refused']} | |")
         lines.append(f"| {model} | leak control (min) | {summary.get('leak_control_min')} | |")
     header = "| batches | attention | real tokens/s | padding | peak GiB | vision share | TFLOP/s | MFU |"
     lines += ["", header, "|---|---|---|---|---|---|---|---|"]
@@ -264,6 +393,7 @@ def main() -> None:
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--workers", type=int, default=8, help="loader workers for the feed rate")
     parser.add_argument("--packs", type=Path, default=OUT / "gpu-check-packs", help="more families' packs")
+    parser.add_argument("--family-samples", type=int, default=60, help="--prepare: demo samples a family")
     parser.add_argument("--prepare", action="store_true", help="only make the demo pack (Spark)")
     args = parse_with_smoke(
         parser, demo_samples=SMOKE_DEMO_SAMPLES, budget=SMOKE_DEMO_BUDGET, bins=1, parity_bins=1,
@@ -271,6 +401,7 @@ def main() -> None:
     )  # fmt: skip
     if args.prepare:
         print(ensure_image_demo(args.demo_samples, budget=args.budget, name=f"gpu-train-demo-{args.budget}"))
+        prepare_packs(args.packs, args.family_samples)
         return
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
@@ -294,9 +425,9 @@ def main() -> None:
     results["parity"] = {"qwen2_vl (2B widths)": parity}
     packs = [("qwen2_vl", Path(manifest))] if args.smoke else family_packs(args.packs)  # smoke: the demo's
     for model_type, pack in packs:
-        family_model = tiny_family_model(model_type, device, dtype)
-        family_bins = train.first_bins(str(pack), args.parity_bins, smallest=True)
-        results["parity"][model_type] = parity_rows(args, family_model, family_bins, kernels, device, dtype)
+        results["parity"][f"{model_type} (tiny)"] = family_parity(
+            model_type, pack, kernels, device, dtype, args.parity_bins
+        )
     results["throughput"] = throughput_rows(args, model, bins, kernels, device, dtype)
     results["feed"] = train.feed_rate(manifest, args.workers, args.bins)
     results["seconds"] = round(time.perf_counter() - started, 1)
@@ -306,7 +437,7 @@ def main() -> None:
     table = markdown(results)
     (OUT / "gpu_check.md").write_text(table)
     print(table)
-    if any(row["nan"] for row in results["kernels"]) or any(p["nan"] for p in results["parity"].values()):
+    if any(row["nan"] for row in results["kernels"]) or any(p.get("nan") for p in results["parity"].values()):
         sys.exit("NaN in a kernel's output or a packed sample's hidden states")
 
 
