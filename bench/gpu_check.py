@@ -397,7 +397,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true", help="only make the demo pack (Spark)")
     args = parse_with_smoke(
         parser, demo_samples=SMOKE_DEMO_SAMPLES, budget=SMOKE_DEMO_BUDGET, bins=1, parity_bins=1,
-        batch_sizes=[2], workers=0, head_dims=[16],
+        batch_sizes=[], workers=0, head_dims=[16],  # padded batches: bench_gpu_train's smoke
     )  # fmt: skip
     if args.prepare:
         print(ensure_image_demo(args.demo_samples, budget=args.budget, name=f"gpu-train-demo-{args.budget}"))
