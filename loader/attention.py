@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -144,11 +145,17 @@ def varlen_attention(
     window = CAUSAL if causal else BIDIRECTIONAL
     kernel = None
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        kernel = kernel_for(resolve_kernels(cuda_capability()), q.shape[-1])
+        kernel = kernel_for(_machine_kernels(), q.shape[-1])
     call = kernel.call if kernel is not None else reference_varlen_attn
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
     lengths = (max_seqlen, max_seqlen)
     return call(q, k, v, cu, cu, *lengths, scale=softmax_scale, window_size=window, enable_gqa=True)
+
+
+@functools.cache
+def _machine_kernels() -> list:
+    """This machine's kernels, resolved once for ``varlen_attention`` (a per-layer call)."""
+    return resolve_kernels(cuda_capability())
 
 
 # --- transformers' attention on the exact varlen kernels ------------------------------------------
