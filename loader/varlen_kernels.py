@@ -129,8 +129,9 @@ def _aten_kernel(op: Callable[..., Any]) -> Kernel:
     return call
 
 
-def _torch_kernel(varlen_attn: Callable[..., Any], aten: Kernel | None) -> tuple[Kernel, str]:
-    """An adapter onto ``varlen_attn`` by its parameters, and the signature it was read as."""
+def _torch_kernel(varlen_attn: Callable[..., Any], aten: Kernel | None) -> tuple[Kernel, str] | None:
+    """An adapter onto ``varlen_attn`` by its parameters, and the signature it was read as; None
+    for a signature none of the releases had (the op under it is called instead)."""
     params = set(inspect.signature(varlen_attn).parameters)
     if "enable_gqa" in params:  # 2.12-2.15: raises without the flag when Hq != Hkv
 
@@ -157,7 +158,7 @@ def _torch_kernel(varlen_attn: Callable[..., Any], aten: Kernel | None) -> tuple
             return aten(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window_size)
 
         return call, "2.10 (is_causal; other scales and windows on the op under it)"
-    raise TypeError(f"unknown varlen_attn signature {inspect.signature(varlen_attn)}")
+    return None
 
 
 def _flash_attn_kernel(function: Callable[..., Any]) -> Kernel:
@@ -214,12 +215,13 @@ def resolve_kernels(capability: tuple[int, int] | None) -> list[VarlenKernel]:
     op = _aten_flash_forward()
     aten = _aten_kernel(op) if op is not None else None
     torch_version = f"torch {torch.__version__}"
-    if (varlen_attn := _torch_varlen_attn()) is not None:
-        call, signature = _torch_kernel(varlen_attn, aten)
-        why = f"{torch_version}'s own FlashAttention-2, called by its {signature} signature"
-        kernels.append(VarlenKernel("torch.nn.attention.varlen.varlen_attn", call, why, fa2_head_dim))
+    varlen_attn = _torch_varlen_attn()
+    adapter = _torch_kernel(varlen_attn, aten) if varlen_attn is not None else None
+    if adapter is not None:
+        why = f"{torch_version}'s own FlashAttention-2, called by its {adapter[1]} signature"
+        kernels.append(VarlenKernel("torch.nn.attention.varlen.varlen_attn", adapter[0], why, fa2_head_dim))
     elif aten is not None:
-        why = f"{torch_version} has no varlen_attn (2.10+): the FlashAttention-2 op it ships since 2.4"
+        why = f"{torch_version} has no varlen_attn of a known signature: the FlashAttention-2 op (2.4+)"
         kernels.append(VarlenKernel("aten._flash_attention_forward", aten, why, fa2_head_dim))
     return kernels
 

@@ -193,6 +193,15 @@ def test_each_torch_release_is_called_by_its_own_signature(torch_release, releas
     torch.testing.assert_close(out, per_sequence(q, k, v, cu, window, scale), atol=1e-6, rtol=1e-6)
 
 
+def test_a_varlen_attn_of_an_unknown_signature_leaves_the_op_under_it(monkeypatch, torch_release):
+    """A future release whose signature none of the known ones had: the aten op, not a crash."""
+    torch_release("2.11")
+    monkeypatch.setattr(varlen_kernels, "_torch_varlen_attn", lambda: lambda query, key, value, *, spec: None)
+    kernels = resolve_kernels((9, 0))
+    assert [kernel.name for kernel in kernels] == ["aten._flash_attention_forward"]
+    assert "no varlen_attn of a known signature" in kernels[0].why
+
+
 def test_a_window_given_as_a_list_still_reaches_torch_as_a_tuple(torch_release):
     """2.11+ find causal by ``window_size == (-1, 0)``: a list would silently not be causal."""
     torch_release("2.11")
