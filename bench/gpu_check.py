@@ -49,6 +49,7 @@ from loader.attention import (
     VARLEN,
     reference_varlen_attn,
     register_varlen,
+    sequence_mask,
     use_attention,
     varlen_report,
     with_model_masks,
@@ -63,16 +64,10 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12
 
 
 def per_sequence(q, k, v, cu, window, scale=None) -> torch.Tensor:
-    """Each sequence alone, SDPA with its window as a mask, in the inputs' dtype."""
+    """Each sequence alone, SDPA with its window (``sequence_mask``) as a mask, in the inputs' dtype."""
     outs = []
     for a, b in itertools.pairwise(cu.tolist()):
-        n = b - a
-        offset = torch.arange(n, device=q.device)[None, :] - torch.arange(n, device=q.device)[:, None]
-        allowed = torch.ones(n, n, dtype=torch.bool, device=q.device)
-        if window[0] >= 0:
-            allowed &= offset >= -window[0]
-        if window[1] >= 0:
-            allowed &= offset <= window[1]
+        allowed = sequence_mask(torch.tensor([0, b - a], device=q.device), window)
         qs, ks, vs = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed, scale=scale, enable_gqa=True)
         outs.append(out[0].transpose(0, 1))
@@ -190,8 +185,8 @@ def throughput_rows(args, model, bins, kernels, device, dtype) -> list[dict[str,
     packed = [train.to_device(b, device, dtype) for b in bins]
     real = sum(b.meta["num_tokens"] for b in bins)
     flops = step_flops(model.config, bins)
-    name = _device_name() if device.type == "cuda" else ""
-    peak = next((flops_per_s for gpu, flops_per_s in PEAK_BF16_FLOPS.items() if gpu in name), None)
+    device_name = _device_name() if device.type == "cuda" else ""
+    peak = next((flops_per_s for gpu, flops_per_s in PEAK_BF16_FLOPS.items() if gpu in device_name), None)
     for kernel in kernels:
         name = with_kernel(model, kernel)
         result = train.measure(model, packed, summed_loss, device)
@@ -254,11 +249,8 @@ def _as_qwen2_vl(source: Path, target: Path) -> Path:
     """A Qwen2-VL directory: Qwen2.5-VL's published files with a tiny Qwen2-VL config.json."""
     import shutil
 
-    sys.path.insert(0, str(train.ROOT / "examples"))
-    from tiny_models import tiny_config
-
     shutil.copytree(source, target, dirs_exist_ok=True)
-    (target / "config.json").write_text(json.dumps(tiny_config("qwen2_vl")))
+    (target / "config.json").write_text(json.dumps(_tiny_models().tiny_config("qwen2_vl")))
     return target
 
 
@@ -268,17 +260,15 @@ def family_packs(root: Path) -> list[tuple[str, Path]]:
 
 
 def tiny_family_model(model_type: str, device, dtype) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    """examples/tiny_models.py's random tiny model of ``model_type`` (seed 0), in ``dtype``."""
+    return _tiny_models().tiny_model(model_type, seed=0).to(device, dtype)
 
+
+def _tiny_models():
     sys.path.insert(0, str(train.ROOT / "examples"))
-    from tiny_models import tiny_config
+    import tiny_models
 
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(**tiny_config(model_type))
-    model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa", dtype=dtype)
-    if model_type == "gemma3":  # its projection starts at zero: images would not reach the text
-        torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.02)
-    return model.to(device).eval()
+    return tiny_models
 
 
 def packed_hidden(model, batch: PackedBatch, device, dtype) -> torch.Tensor:
@@ -287,6 +277,9 @@ def packed_hidden(model, batch: PackedBatch, device, dtype) -> torch.Tensor:
     inputs = {k: v for k, v in inputs.items() if k != "labels"}
     with torch.no_grad():
         return model.model(**inputs).last_hidden_state[0].float()
+
+
+BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
 def without_boundaries(batch: PackedBatch) -> PackedBatch:
@@ -301,9 +294,6 @@ def without_boundaries(batch: PackedBatch) -> PackedBatch:
         positions[...] = torch.arange(length)
     out["position_ids"] = positions
     return out
-
-
-BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
 def family_parity(model_type: str, pack: Path, kernels, device, dtype, count: int) -> dict[str, Any]:

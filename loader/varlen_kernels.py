@@ -24,6 +24,7 @@ adapter is checked against fakes with exactly those signatures (tests/loader/tes
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Callable
@@ -70,24 +71,23 @@ def fa4_head_dim(major: int) -> Callable[[int], bool]:
 
 
 def _fa4_function() -> Callable[..., Any] | None:
-    """flash-attn-4's varlen function, or None (the distribution is ``flash-attn-4``)."""
-    try:
-        metadata.version("flash-attn-4")
-        from flash_attn.cute import flash_attn_varlen_func
-    except (metadata.PackageNotFoundError, ImportError):
-        return None
-    return flash_attn_varlen_func
+    """flash-attn-4's varlen function, or None."""
+    return _installed_function("flash-attn-4", "flash_attn.cute")
 
 
 def _flash_attn_function() -> Callable[..., Any] | None:
-    """flash-attn 2's varlen function, or None (distribution ``flash-attn``; flash-attn-4 shares the
-    ``flash_attn`` namespace without this function)."""
+    """flash-attn 2's varlen function, or None (flash-attn-4 shares the ``flash_attn`` namespace
+    without this function: the distribution decides)."""
+    return _installed_function("flash-attn", "flash_attn")
+
+
+def _installed_function(distribution: str, module: str) -> Callable[..., Any] | None:
+    """``module.flash_attn_varlen_func`` where ``distribution`` is installed and imports."""
     try:
-        metadata.version("flash-attn")
-        from flash_attn import flash_attn_varlen_func
-    except (metadata.PackageNotFoundError, ImportError):
+        metadata.version(distribution)
+        return importlib.import_module(module).flash_attn_varlen_func
+    except (metadata.PackageNotFoundError, ImportError, AttributeError):
         return None
-    return flash_attn_varlen_func
 
 
 def _torch_varlen_attn() -> Callable[..., Any] | None:
