@@ -126,13 +126,17 @@ def executor_pid(app: str, executor: str) -> int | None:
 
 class ExecutorKiller(threading.Thread):
     """Polls the driver's REST API on ``ui_port``; while a job of mmpack stage ``stage`` runs,
-    SIGKILLs the JVM of one executor running one of its tasks (once)."""
+    SIGKILLs the JVM of one executor running one of its tasks, until Spark records that task
+    as failed. A task the API still lists as running may already have ended (the listener
+    bus lags): then the kill lost the race, and the next running task is tried.
+    ``killed`` is (executor, pid) of the kill that failed a task."""
 
     def __init__(self, ui_port: int, stage: str) -> None:
         super().__init__(daemon=True)
         self.api = f"http://127.0.0.1:{ui_port}/api/v1"
         self.stage = stage
         self.killed: tuple[str, int] | None = None
+        self.lost_races = 0
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -149,10 +153,22 @@ class ExecutorKiller(threading.Thread):
         if not any(job.get("description") == f"mmpack {self.stage}" for job in jobs):
             return
         for stage in get_json(f"{self.api}/applications/{app}/stages?status=active"):
-            tasks = f"stages/{stage['stageId']}/{stage['attemptId']}/taskList?status=RUNNING"
-            for task in get_json(f"{self.api}/applications/{app}/{tasks}"):
+            stage_uri = f"{self.api}/applications/{app}/stages/{stage['stageId']}/{stage['attemptId']}"
+            for task in get_json(f"{stage_uri}/taskList?status=RUNNING"):
                 pid = executor_pid(app, task["executorId"])
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
-                    self.killed = (task["executorId"], pid)
+                    if self._task_failed(stage_uri, task["taskId"]):
+                        self.killed = (task["executorId"], pid)
+                    else:
+                        self.lost_races += 1
                     return
+
+    def _task_failed(self, stage_uri: str, task_id: int) -> bool:
+        """Whether Spark ends task ``task_id`` as failed (rather than finished before the kill)."""
+        while not self.done.is_set():
+            for task in get_json(f"{stage_uri}/taskList?length=100000"):
+                if task["taskId"] == task_id and task["status"] != "RUNNING":
+                    return task["status"] == "FAILED"
+            time.sleep(0.1)
+        return False
