@@ -106,23 +106,30 @@ def moto_server() -> Iterator[str]:
 
 
 class PeakMemory(threading.Thread):
-    """Samples the resident memory of this process and its descendants every ``every`` s;
-    keeps the peak per kind: driver (this Python), jvm, worker (one Python worker),
-    workers (all Python workers at once)."""
+    """Samples the resident memory of a driver process (``pid``; default this one) and its
+    descendants every ``every`` s; keeps the peak per kind: driver, jvm, worker (one Python
+    worker), workers (all Python workers at once)."""
 
-    def __init__(self, every: float = 0.25) -> None:
+    def __init__(self, every: float = 0.25, pid: int | None = None) -> None:
         super().__init__(daemon=True)
-        self.every, self.stop = every, threading.Event()
+        self.every, self.pid, self.stop = every, pid, threading.Event()
         self.peak = {"driver": 0, "jvm": 0, "worker": 0, "workers": 0}
 
     def run(self) -> None:
         import psutil
 
-        me = psutil.Process()
+        try:
+            me = psutil.Process(self.pid)
+        except psutil.Error:
+            return  # the process has ended already
         while not self.stop.is_set():
             workers = 0
-            self._keep("driver", me.memory_info().rss)
-            for child in me.children(recursive=True):
+            try:
+                self._keep("driver", me.memory_info().rss)
+                children = me.children(recursive=True)
+            except psutil.Error:
+                return  # the driver has ended
+            for child in children:
                 try:
                     kind, rss = child.name(), child.memory_info().rss
                 except psutil.Error:

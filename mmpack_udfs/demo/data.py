@@ -259,7 +259,7 @@ def _png_with_header_size(width: int, height: int) -> bytes:
 # --- conversations -------------------------------------------------------------------
 
 
-def _sentence(rng: random.Random, long: bool = False) -> str:
+def sentence(rng: random.Random, long: bool = False) -> str:
     n = int(rng.paretovariate(1.2) * (60 if long else 8))
     words = [rng.choice(WORDS) for _ in range(min(n, 3000 if long else 400))]
     return " ".join(words).capitalize() + "."
@@ -275,12 +275,12 @@ def _conversation(rng: random.Random, source: MediaSource) -> dict:
     turns = []
     for r in range(rounds):
         placeholders = media if r == 0 else []
-        question = " ".join([*placeholders, _sentence(rng)])
+        question = " ".join([*placeholders, sentence(rng)])
         turns.append({"from": "human", "value": question})
-        turns.append({"from": "gpt", "value": _sentence(rng, long=rng.random() < 0.3)})
+        turns.append({"from": "gpt", "value": sentence(rng, long=rng.random() < 0.3)})
     record: dict = {"conversations": turns}
     if rng.random() < 0.3:
-        record["system"] = "You are a helpful assistant. " + _sentence(rng)
+        record["system"] = "You are a helpful assistant. " + sentence(rng)
     record["images"] = [source.image(rng) for _ in range(n_images)]
     if n_videos:
         record["videos"] = [source.video(rng) for _ in range(n_videos)]

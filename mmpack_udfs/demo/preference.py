@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from mmpack_udfs.demo.data import _drawing, _sentence, _write_video
+from mmpack_udfs.demo.data import _drawing, _write_video, sentence
 
 SYSTEM = "You are a careful visual assistant."
 IMAGE_SIZES = [(64, 48), (160, 120), (224, 224), (320, 240), (448, 448), (640, 480), (300, 600)]  # small:
@@ -112,9 +112,9 @@ def _pair(rng: random.Random, images: list[str], videos: list[str]) -> _Pair:
     return _Pair(
         system=SYSTEM if rng.random() < 0.3 else None,
         rounds=[
-            (_sentence(rng), _answer(rng)) for _ in range(rng.choices([0, 1, 2], weights=[60, 30, 10])[0])
+            (sentence(rng), _answer(rng)) for _ in range(rng.choices([0, 1, 2], weights=[60, 30, 10])[0])
         ],
-        question=" ".join(["<image>"] * n_images + ["<video>"] * n_videos + [_sentence(rng)]),
+        question=" ".join(["<image>"] * n_images + ["<video>"] * n_videos + [sentence(rng)]),
         chosen=chosen,
         rejected=rejected,
         images=[rng.choice(images) for _ in range(n_images)],
@@ -126,7 +126,7 @@ def _answer(rng: random.Random) -> str:
     """A short answer of 5 to 40 words."""
     words = []
     while len(words) < rng.randint(5, 40):
-        words += _sentence(rng).split()
+        words += sentence(rng).split()
     return " ".join(words[:40])
 
 
