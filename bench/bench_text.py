@@ -51,14 +51,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--llamafactory", action="store_true", help="also time LLaMA-Factory's get_dataset")
-    args = parse_with_smoke(parser, argv, sizes=[200], llamafactory=False)
+    parser.add_argument("--set", dest="settings", action="append", default=[], help="KEY=VALUE for mmpack")
+    args = parse_with_smoke(parser, argv, sizes=[200], llamafactory=False, settings=["spark.quick_jit=true"])
     cores = int(m.group(1)) if (m := re.fullmatch(r"local\[(\d+)\]", args.master)) else CORES
     model = build_model_dir("qwen2_5_vl", OUT / "text-bench-model")
     rows = []
     for size in args.sizes:
         data = generate_text(OUT / f"text-data-{size}", size)
         row = {"samples": size, "parse_bound": parse_bound(data.files)}
-        row["mmpack"] = run_mmpack(data.config, model, OUT / f"text-run-{size}", args.master, cores)
+        out = OUT / f"text-run-{size}"
+        row["mmpack"] = run_mmpack(data.config, model, out, args.master, cores, args.settings)
         if args.llamafactory:
             row["llamafactory"] = run_llamafactory(data.root / "data", model, OUT / f"text-lf-{size}", cores)
             row["speedup"] = round(row["llamafactory"]["seconds"] / row["mmpack"]["seconds"], 2)
@@ -84,11 +86,13 @@ def parse_bound(files: list[Path]) -> dict:
     }
 
 
-def run_mmpack(config: Path, model: Path, out: Path, master: str, cores: int) -> dict:
+def run_mmpack(config: Path, model: Path, out: Path, master: str, cores: int, settings: list[str]) -> dict:
     """``mmpack run`` in a fresh process: wall seconds, start-up, per stage, end, peak memory."""
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "mmpack_udfs.cli", "run", "--config", str(config), "--out", str(out),
                "--master", master, "--set", f"tokenize.model={model}"]  # fmt: skip
+    for setting in settings:
+        command += ["--set", setting]
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     memory = PeakMemory(pid=process.pid)

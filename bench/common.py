@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import platform
 import socket
@@ -50,15 +52,23 @@ SMOKE_DEMO_SAMPLES, SMOKE_DEMO_BUDGET = 60, 4096
 
 
 def ensure_image_demo(samples: int, budget: int | None = None, name: str = "loader-demo") -> Path:
-    """OUT/``name``/packed: `mmpack demo` of ``samples`` samples (real images and videos, packed
-    for Qwen2-VL; ``budget``: its pack.budget), made when it is not there."""
+    """OUT/``name``/packed: the data of `mmpack demo` (``samples`` samples, real images and
+    videos) run through the pipeline for Qwen2-VL (``budget``: its pack.budget), made when it is
+    not there. It runs in this process (`mmpack run`), in its Spark session if it has one: the
+    smoke runner's JVM is warm, where a `mmpack demo` process would start its own."""
     out = OUT / name
     if not (out / "packed" / "manifest.json").exists():
-        command = [sys.executable, "-m", "mmpack_udfs.cli", "demo", "--out", str(out), "--master", "local[2]",
-                   "--samples", str(samples)]  # fmt: skip
+        from mmpack_udfs import cli
+        from mmpack_udfs.demo import data as demo_data
+
+        demo = demo_data.generate(out / "input", samples=samples)
+        command = ["run", "--config", str(demo.config), "--out", str(out), "--master", "local[2]"]
         if budget is not None:
             command += ["--set", f"pack.budget={budget}"]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(command)
+        if code != 0:
+            raise RuntimeError(f"mmpack run of the image demo under {out} exited {code}")
     return out / "packed"
 
 

@@ -131,13 +131,24 @@ def preflight(ctx: RunContext, stages: Sequence[str]) -> None:
         TokenizeSettings.from_config(ctx.config, ctx.model)
 
 
+def input_bytes(ctx: RunContext, stages: Sequence[str]) -> int | None:
+    """The bytes of the run's input files when it starts with normalize and ``spark.quick_jit``
+    is left to the run (null); None otherwise."""
+    if stages[0] != "normalize" or ctx.config.spark.quick_jit is not None:
+        return None
+    from mmpack_udfs.normalize import datasets, inputs
+
+    specs = datasets.specs_of(ctx.config.datasets, ctx.storage)
+    return sum(f.size for f in inputs.list_inputs(list(specs.values()), ctx.storage))
+
+
 def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
     """Run the named stages in order in one SparkSession."""
     from mmpack_udfs.io.progress import stage_progress
     from mmpack_udfs.io.spark import get_spark
 
     with locked_run(args, stages) as ctx:  # one writer per root
-        spark = get_spark(ctx.config.spark, args.master, verbose=args.verbose)
+        spark = get_spark(ctx.config.spark, args.master, args.verbose, input_bytes(ctx, stages))
         started = time.time()
         for number, name in enumerate(stages, start=1):
             if len(stages) > 1:

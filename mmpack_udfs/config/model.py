@@ -144,6 +144,7 @@ Cost = Annotated[float, _rule("must be a finite number >= 0", _cost)]
 Seconds = Cost  # the same rule: a finite number >= 0
 Weight = Cost
 Flag = Annotated[bool, _rule("must be true or false", _flag)]
+OptionalFlag = Annotated[bool | None, _rule("must be true, false or null", _optional(_flag))]
 Text = Annotated[str, _rule("must be a non-empty string", _text)]
 OptionalText = Annotated[str | None, _rule("must be a non-empty string or null", _optional(_text))]
 LogLevel = Annotated[str, _rule(f"must be one of {', '.join(SPARK_LOG_LEVELS)}", _log_level)]
@@ -173,12 +174,13 @@ class SparkConfig(Section):
         description="seconds between progress lines of a stage when stderr is not a terminal "
         "(CI, Airflow); on a terminal one line updates in place; `0`: no progress",
     )
-    quick_jit: Flag = Field(
-        False,
+    quick_jit: OptionalFlag = Field(
+        None,
         description="the embedded JVM compiles with HotSpot's quick compiler only "
         "(`-XX:TieredStopAtLevel=1`): for short runs on small data (tests, demos), where the "
         "optimizing compiler's start-up work is most of the JVM's CPU; a large local pack runs "
-        "~15 % slower with it (bench/RESULTS.md); ignored under spark-submit",
+        "~15 % slower with it (bench/RESULTS.md); `null`: on for a run that starts with normalize "
+        "on input files of under 256 MiB; ignored under spark-submit",
     )
     conf: dict[str, SparkSetting] = Field(
         default_factory=lambda: {

@@ -43,12 +43,25 @@ JVM_NOISE = (  # printed to stderr directly (by the JVM; by Spark for a shell), 
 )
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 QUICK_JIT = "-XX:TieredStopAtLevel=1"  # C1 only: given first, so a user's own -XX option wins
+QUICK_JIT_INPUT_BYTES = 256 << 20  # spark.quick_jit = null: quick below this much input
+
+
+def quick_jit(spark_config: SparkConfig, input_bytes: int | None) -> bool:
+    """Whether the embedded JVM compiles with C1 only: ``spark.quick_jit``, or where it is null,
+    whether the run's input files (``input_bytes``; None: not known) are small."""
+    if spark_config.quick_jit is not None:
+        return spark_config.quick_jit
+    return input_bytes is not None and input_bytes < QUICK_JIT_INPUT_BYTES
 
 
 def session_settings(
-    spark_config: SparkConfig, master: str | None = None, verbose: bool = False
+    spark_config: SparkConfig,
+    master: str | None = None,
+    verbose: bool = False,
+    input_bytes: int | None = None,
 ) -> dict[str, str]:
-    """Every Spark setting the session is built with, as strings (pure; easy to test)."""
+    """Every Spark setting the session is built with, as strings (pure; easy to test).
+    ``input_bytes``: the size of the run's input files where known (``quick_jit``)."""
     settings = {"spark.app.name": spark_config.app_name}
     if not under_spark_submit():
         settings["spark.master"] = master or spark_config.master
@@ -61,7 +74,7 @@ def session_settings(
     for key, value in spark_config.conf.items():
         settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
     if not under_spark_submit():  # the embedded JVM starts with ours around the user's options
-        before = [QUICK_JIT] if spark_config.quick_jit else []
+        before = [QUICK_JIT] if quick_jit(spark_config, input_bytes) else []
         after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]
         if before or after:
             given = settings.get(DRIVER_JAVA_OPTIONS, "")
@@ -75,15 +88,21 @@ def log_level(spark_config: SparkConfig, verbose: bool) -> str:
     return "WARN" if verbose and level in ("ERROR", "FATAL", "OFF") else level
 
 
-def get_spark(spark_config: SparkConfig, master: str | None = None, verbose: bool = False):
-    """Build (or reuse) the SparkSession for a job; returns ``pyspark.sql.SparkSession``."""
+def get_spark(
+    spark_config: SparkConfig,
+    master: str | None = None,
+    verbose: bool = False,
+    input_bytes: int | None = None,
+):
+    """Build (or reuse) the SparkSession for a job; returns ``pyspark.sql.SparkSession``.
+    ``input_bytes``: the size of the run's input files where known (``quick_jit``)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in EXECUTOR_ENV.items():
         os.environ.setdefault(key, value)
-    settings = session_settings(spark_config, master, verbose)
+    settings = session_settings(spark_config, master, verbose, input_bytes)
     if not verbose and not under_spark_submit() and SparkContext._active_spark_context is None:
         conf = SparkConf().setAll(list(settings.items()))
         SparkContext(conf=conf, gateway=_filtered_gateway(conf))

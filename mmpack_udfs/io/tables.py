@@ -184,16 +184,20 @@ def write_table(
     sort_by: Sequence[str],
     rows_per_file: int,
     storage: fs.Storage = fs.LOCAL,
+    rows: int | None = None,
 ) -> CommitResult:
     """Write ``df`` as Parquet files under ``uri`` and commit them as one Delta transaction.
 
     The same rows always land in the same files with the same bytes: rows are hashed to
     ``ceil(rows / rows_per_file)`` partitions by ``sort_by`` and sorted inside each.
+    ``rows``: the rows of ``df`` where the caller has counted them already (a Spark job less);
+    the files written must hold exactly that many.
     """
     previous = committed_run(uri, run_id, mode, storage)
     if previous is not None:
         return previous
-    rows = df.count()
+    if rows is None:
+        rows = df.count()
     n_files = max(1, math.ceil(rows / rows_per_file)) if rows else 0
     written: list[dict] = []
     if n_files:

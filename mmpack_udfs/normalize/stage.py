@@ -63,12 +63,16 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     try:
         counts = _kind_counts(normalized)
         kept = {r["dataset"]: r["count"] for r in unique.groupBy("dataset").count().collect()}
-        samples = tables.write_table(unique, samples_uri, schemas.SAMPLES, sort_by=["sample_id"], **common)
+        quarantined = sum(r["rows"] for r in counts if r["kind"] == schemas.ROW_KIND_QUARANTINE)
+        samples = tables.write_table(
+            unique, samples_uri, schemas.SAMPLES, sort_by=["sample_id"], rows=sum(kept.values()), **common
+        )
         quarantine = tables.write_table(
             normalized.filter(f"kind = '{schemas.ROW_KIND_QUARANTINE}'"),
             quarantine_uri,
             schemas.QUARANTINE,
             sort_by=["dataset", "source_file", "source_position"],
+            rows=quarantined,
             **common,
         )
     finally:

@@ -57,7 +57,11 @@ def test_the_embedded_jvm_compiles_quickly_when_asked(monkeypatch):
     from mmpack_udfs.io.spark import DRIVER_JAVA_OPTIONS, QUICK_JIT
 
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    assert QUICK_JIT not in session_settings(SparkConfig())[DRIVER_JAVA_OPTIONS]
+    assert QUICK_JIT not in session_settings(SparkConfig())[DRIVER_JAVA_OPTIONS]  # input size unknown
+    # null (the default): by the size of the run's input files
+    assert QUICK_JIT in session_settings(SparkConfig(), input_bytes=10 << 20)[DRIVER_JAVA_OPTIONS]
+    assert QUICK_JIT not in session_settings(SparkConfig(), input_bytes=1 << 30)[DRIVER_JAVA_OPTIONS]
+    assert QUICK_JIT not in session_settings(SparkConfig(quick_jit=False), input_bytes=1)[DRIVER_JAVA_OPTIONS]
     given = SparkConfig(quick_jit=True, conf={DRIVER_JAVA_OPTIONS: "-XX:TieredStopAtLevel=4"})
     # the user's own option comes after ours, so HotSpot takes theirs
     assert session_settings(given)[DRIVER_JAVA_OPTIONS].startswith(f"{QUICK_JIT} -XX:TieredStopAtLevel=4 ")
