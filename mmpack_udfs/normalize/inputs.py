@@ -22,7 +22,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs.errors import MmpackError
@@ -39,6 +41,10 @@ FORMATS_BY_EXTENSION = {
     ".tar": "webdataset",
 }
 READ_CHUNK = 1 << 20
+JSONL_BLOCK = 8 << 20  # bytes of a JSONL split cut into lines at a time
+NEWLINE, CARRIAGE_RETURN = ord("\n"), ord("\r")
+ASCII_WHITESPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() removes
+LINE_COLUMNS = ["source_position", "raw", "error"]
 BATCH_BYTES = 32 << 20  # raw records handed on at a time, at most (about: one record may be larger)
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -194,30 +200,89 @@ def _raw(split: Split, record: RawRecord) -> dict:
 
 
 def _read_jsonl(split: Split, storage: fs.Storage, spec: DatasetSpec | None = None) -> Iterator[RawRecord]:
-    """Lines whose first byte lies in [start, start + length)."""
+    """Lines whose first byte lies in [start, start + length), one by one (``jsonl_batches``)."""
+    for batch in jsonl_batches(split, storage):
+        columns = (batch.column(name).to_pylist() for name in ("source_position", "raw", "error"))
+        yield from (RawRecord(*row) for row in zip(*columns, strict=True))
+
+
+def jsonl_batches(split: Split, storage: fs.Storage = fs.LOCAL) -> Iterator[pa.RecordBatch]:
+    """The records of a JSONL split as RAW batches, ``JSONL_BLOCK`` bytes of the file at a time:
+    the lines whose first byte lies in [start, start + length), blank lines left out, a
+    trailing ``\r`` and the file's UTF-8 BOM removed. The lines are cut and decoded with Arrow
+    and NumPy, no Python per line, except in a block holding a line that is not UTF-8."""
     with _open(split.uri, storage) as f:
-        size = f.size()
-        end = min(split.start + split.length, size)
+        end = min(split.start + split.length, f.size())
         pos = split.start
         if pos > 0:  # the line that straddles our start belongs to the previous split
             f.seek(pos - 1)
             pos = pos - 1 + _skip_line(f)
         f.seek(pos)
-        buffer = b""
-        while pos < end or buffer:
-            newline = buffer.find(b"\n")
-            if newline < 0:
-                chunk = f.read(READ_CHUNK)
-                if chunk:
-                    buffer += chunk
-                    continue
-                newline = len(buffer)  # last line without a trailing newline
-            line, buffer = buffer[:newline], buffer[newline + 1 :]
-            line_start, pos = pos, pos + newline + 1
-            if line_start >= end:
-                break
-            if line.strip():
-                yield _decode_line(line_start, line)
+        carry = b""
+        while pos < end:
+            chunk = f.read(JSONL_BLOCK)
+            data = carry + chunk
+            if not data:
+                return
+            cut = data.rfind(b"\n") + 1 if chunk else len(data)  # whole lines; at the end, the rest
+            if cut == 0:  # no line ends in this block yet: read on
+                carry = data
+                continue
+            lines = _block_lines(data[:cut], pos, end)
+            if lines.num_rows:
+                yield _raw_batch(split, lines)
+            carry, pos = data[cut:], pos + cut
+
+
+def _block_lines(block: bytes, base: int, end: int) -> pa.RecordBatch:
+    """(source_position, raw, error) of the records among the whole lines of ``block``, which
+    starts at byte ``base`` of its file; only lines that start before ``end``. Arrow holds the
+    lines in the block's own bytes (each with its newline), checks them as UTF-8, leaves out the
+    blank ones (``bytes.strip()``) and trims the trailing ``\r`` and newline in C++."""
+    data = np.frombuffer(block, np.uint8)
+    newlines = np.flatnonzero(data == NEWLINE)
+    starts = np.concatenate(([0], newlines + 1))[: len(newlines) + (data[-1] != NEWLINE)]
+    offsets = np.concatenate((starts, [len(data)])).astype(np.int32)
+    lines = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(block))
+    try:
+        lines.validate(full=True)
+    except pa.ArrowInvalid:  # a line that is not UTF-8: decode each line of the block as bytes
+        return _block_lines_one_by_one(
+            block, base, end, starts, offsets[1:] - (data[offsets[1:] - 1] == NEWLINE)
+        )
+    nonblank = pc.greater(pc.binary_length(pc.ascii_trim(lines, ASCII_WHITESPACE)), 0)
+    keep = pc.and_(pa.array(base + starts < end), nonblank)
+    if base == 0 and block.startswith(UTF8_BOM):  # the same lines, the file's first without its BOM
+        offsets[0] = len(UTF8_BOM)
+        lines = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(block))
+    texts = pc.utf8_rtrim(lines.filter(keep), "\r\n")  # no newline inside a line: str.rstrip("\r")
+    positions = pa.array(base + starts).filter(keep)
+    return pa.record_batch([positions, texts, pa.nulls(len(texts), pa.string())], names=LINE_COLUMNS)
+
+
+def _block_lines_one_by_one(block: bytes, base: int, end: int, starts, stops) -> pa.RecordBatch:
+    """``_block_lines`` for a block with a line that is not UTF-8, in Python line by line."""
+    decoded = [
+        _decode_line(base + int(a), block[a:b])
+        for a, b in zip(starts, stops, strict=True)
+        if base + a < end and block[a:b].strip()
+    ]
+    columns = ([d.position for d in decoded], [d.raw for d in decoded], [d.error for d in decoded])
+    types = [pa.int64(), pa.string(), pa.string()]
+    return pa.record_batch([pa.array(c, t) for c, t in zip(columns, types, strict=True)], names=LINE_COLUMNS)
+
+
+def _raw_batch(split: Split, lines: pa.RecordBatch) -> pa.RecordBatch:
+    """RAW rows of ``lines`` (``_block_lines``) read from ``split``."""
+    n = lines.num_rows
+    columns = {
+        "dataset": pa.array([split.dataset] * n, pa.string()),
+        "source_file": pa.array([split.uri] * n, pa.string()),
+        **{name: lines.column(name) for name in LINE_COLUMNS},
+        "records_read": pa.nulls(n, pa.int64()),
+        "blobs": pa.nulls(n, RAW.field("blobs").type),
+    }
+    return pa.record_batch([columns[name] for name in RAW.names], schema=RAW)
 
 
 def _skip_line(f) -> int:
@@ -337,8 +402,18 @@ def read_splits_batches(
     rows: list[dict] = []
     held = 0
     for batch in batches:
-        for split in batch.to_pylist():
-            for row in read_split(Split(**split), storage, specs):
+        for split in (Split(**row) for row in batch.to_pylist()):
+            if split.format == "jsonl":  # as Arrow batches, no Python per record
+                if rows:
+                    yield pa.RecordBatch.from_pylist(rows, schema=RAW)
+                    rows, held = [], 0
+                count = 0
+                for lines in jsonl_batches(split, storage):
+                    count += lines.num_rows
+                    yield lines
+                rows.append({**_raw(split, RawRecord(-1, None)), "records_read": count})
+                continue
+            for row in read_split(split, storage, specs):
                 rows.append(row)
                 held += len(row["raw"] or "") + sum(map(len, row["blobs"] or ()))
                 if len(rows) >= batch_rows or held >= batch_bytes:

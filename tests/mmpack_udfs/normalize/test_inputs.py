@@ -29,24 +29,51 @@ def one_file(path, dataset="d"):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    lines=st.lists(st.text(alphabet="ab{}é\r ", max_size=30), max_size=25),
+    lines=st.lists(st.text(alphabet="ab{}é\r \t", max_size=30), max_size=25),
     trailing_newline=st.booleans(),
     split_bytes=st.integers(min_value=1, max_value=80),
+    block=st.sampled_from([1, 2, 5, 13, 8 << 20]),
 )
 def test_jsonl_byte_range_splits_yield_every_line_once(
-    tmp_path_factory, lines, trailing_newline, split_bytes
+    tmp_path_factory, monkeypatch, lines, trailing_newline, split_bytes, block
 ):
+    """Every line once, at its byte offset, whatever the splits and the blocks a split is cut
+    into lines by (``JSONL_BLOCK``: a block may end inside a line, or hold none whole); the
+    task's batches (``read_splits_batches``) hold the same records."""
+    monkeypatch.setattr(inputs, "JSONL_BLOCK", block)
     path = tmp_path_factory.mktemp("jsonl") / "x.jsonl"
     data = "\n".join(lines) + ("\n" if trailing_newline and lines else "")
     path.write_bytes(data.encode())
     expected, offset = [], 0
     for line in lines:
-        if line.strip():
+        if line.encode().strip():
             expected.append((offset, line.rstrip("\r")))
         offset += len(line.encode()) + 1
-    got, counted = records_of(one_file(path), split_bytes)
+    files = one_file(path)
+    got, counted = records_of(files, split_bytes)
     assert sorted((pos, raw) for _, pos, raw, _ in got) == expected
     assert counted == len(expected)
+    splits = inputs.splits_table(inputs.plan_splits(files, split_bytes))
+    batched = pa.Table.from_batches(list(inputs.read_splits_batches(iter(splits.to_batches()))), inputs.RAW)
+    rows = [r for r in batched.to_pylist() if r["records_read"] is None]
+    assert sorted((r["source_position"], r["raw"]) for r in rows) == expected
+    assert sum(r["records_read"] or 0 for r in batched.to_pylist()) == len(expected)
+
+
+def test_a_line_that_is_not_utf8_is_flagged_and_its_block_keeps_every_other_line(tmp_path):
+    """The block of the bad line is decoded line by line: the good lines around it are records
+    as usual, with their carriage returns and the BOM removed; the bad one is kept as read
+    (its bytes replaced, for the quarantine row)."""
+    (tmp_path / "x.jsonl").write_bytes(b'\xef\xbb\xbf{"a": 1}\r\n{"b": "\xff\xfe"}\r\n\n{"c": 3}')
+    got, counted = records_of(one_file(tmp_path / "x.jsonl"), 1 << 20)
+    assert counted == 3
+    assert [(pos, raw) for _, pos, raw, _ in got] == [
+        (0, '{"a": 1}'),
+        (13, '{"b": "\ufffd\ufffd"}\r'),
+        (27, '{"c": 3}'),
+    ]
+    assert [error is None for *_, error in got] == [True, False, True]
+    assert got[1][3].startswith("invalid_json: not UTF-8: ")
 
 
 def test_json_array_positions_and_lone_object(tmp_path):
