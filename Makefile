@@ -12,7 +12,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
+.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-text bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
 
 setup: java $(STAMP)
 
@@ -120,6 +120,10 @@ bench-webdataset: setup
 
 bench-normalize: setup
 	$(BIN)/python bench/bench_normalize.py --sizes 10000 100000
+
+# Text-only data through `mmpack run` beside LLaMA-Factory's get_dataset (its venv is made on first use)
+bench-text: setup
+	$(BIN)/python bench/bench_text.py --sizes 10000 100000 1000000 --llamafactory
 
 bench-image-probe: setup
 	$(BIN)/python bench/bench_image_probe.py --images 300
