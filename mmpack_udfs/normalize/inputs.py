@@ -42,9 +42,9 @@ FORMATS_BY_EXTENSION = {
 }
 READ_CHUNK = 1 << 20
 JSONL_BLOCK = 8 << 20  # bytes of a JSONL split cut into lines at a time
-NEWLINE, CARRIAGE_RETURN = ord("\n"), ord("\r")
+NEWLINE = ord("\n")
 ASCII_WHITESPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() removes
-LINE_COLUMNS = ["source_position", "raw", "error"]
+LINES = pa.schema([("source_position", pa.int64()), ("raw", pa.string()), ("error", pa.string())])
 BATCH_BYTES = 32 << 20  # raw records handed on at a time, at most (about: one record may be larger)
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -202,7 +202,7 @@ def _raw(split: Split, record: RawRecord) -> dict:
 def _read_jsonl(split: Split, storage: fs.Storage, spec: DatasetSpec | None = None) -> Iterator[RawRecord]:
     """Lines whose first byte lies in [start, start + length), one by one (``jsonl_batches``)."""
     for batch in jsonl_batches(split, storage):
-        columns = (batch.column(name).to_pylist() for name in ("source_position", "raw", "error"))
+        columns = (batch.column(name).to_pylist() for name in LINES.names)
         yield from (RawRecord(*row) for row in zip(*columns, strict=True))
 
 
@@ -247,9 +247,8 @@ def _block_lines(block: bytes, base: int, end: int) -> pa.RecordBatch:
     try:
         lines.validate(full=True)
     except pa.ArrowInvalid:  # a line that is not UTF-8: decode each line of the block as bytes
-        return _block_lines_one_by_one(
-            block, base, end, starts, offsets[1:] - (data[offsets[1:] - 1] == NEWLINE)
-        )
+        stops = offsets[1:] - (data[offsets[1:] - 1] == NEWLINE)  # without its newline
+        return _block_lines_one_by_one(block, base, end, starts, stops)
     nonblank = pc.greater(pc.binary_length(pc.ascii_trim(lines, ASCII_WHITESPACE)), 0)
     keep = pc.and_(pa.array(base + starts < end), nonblank)
     if base == 0 and block.startswith(UTF8_BOM):  # the same lines, the file's first without its BOM
@@ -257,7 +256,7 @@ def _block_lines(block: bytes, base: int, end: int) -> pa.RecordBatch:
         lines = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(block))
     texts = pc.utf8_rtrim(lines.filter(keep), "\r\n")  # no newline inside a line: str.rstrip("\r")
     positions = pa.array(base + starts).filter(keep)
-    return pa.record_batch([positions, texts, pa.nulls(len(texts), pa.string())], names=LINE_COLUMNS)
+    return pa.record_batch([positions, texts, pa.nulls(len(texts), pa.string())], schema=LINES)
 
 
 def _block_lines_one_by_one(block: bytes, base: int, end: int, starts, stops) -> pa.RecordBatch:
@@ -267,9 +266,8 @@ def _block_lines_one_by_one(block: bytes, base: int, end: int, starts, stops) ->
         for a, b in zip(starts, stops, strict=True)
         if base + a < end and block[a:b].strip()
     ]
-    columns = ([d.position for d in decoded], [d.raw for d in decoded], [d.error for d in decoded])
-    types = [pa.int64(), pa.string(), pa.string()]
-    return pa.record_batch([pa.array(c, t) for c, t in zip(columns, types, strict=True)], names=LINE_COLUMNS)
+    rows = [{"source_position": d.position, "raw": d.raw, "error": d.error} for d in decoded]
+    return pa.RecordBatch.from_pylist(rows, schema=LINES)
 
 
 def _raw_batch(split: Split, lines: pa.RecordBatch) -> pa.RecordBatch:
@@ -278,7 +276,7 @@ def _raw_batch(split: Split, lines: pa.RecordBatch) -> pa.RecordBatch:
     columns = {
         "dataset": pa.array([split.dataset] * n, pa.string()),
         "source_file": pa.array([split.uri] * n, pa.string()),
-        **{name: lines.column(name) for name in LINE_COLUMNS},
+        **{name: lines.column(name) for name in LINES.names},
         "records_read": pa.nulls(n, pa.int64()),
         "blobs": pa.nulls(n, RAW.field("blobs").type),
     }
