@@ -212,7 +212,10 @@ def _device_name() -> str:
 
 # The families checked on carried packs (``--prepare`` makes them, one tiny model directory each,
 # tests/models/build.py): Qwen3.5 only where flash-linear-attention and causal-conv1d are installed
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "llava_onevision", "gemma3")
+FAMILIES = (
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "llava_onevision", "gemma3",
+    "glm4v", "glm4v_moe",
+)  # fmt: skip
 FAMILY_BUDGET = {"internvl": 2048, "llava_onevision": 2048}  # a tile is 256 tokens; the rest 1,024
 
 

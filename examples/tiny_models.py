@@ -62,6 +62,44 @@ HYBRID = {
 }
 
 
+GLM_IDS = {  # GLM-4.5's token layout (GLM-4.5V, GLM-4.6V, GLM-4.6V-Flash)
+    "image_token_id": 151363,
+    "video_token_id": 151364,
+    "image_start_token_id": 151339,
+    "image_end_token_id": 151340,
+    "video_start_token_id": 151341,
+    "video_end_token_id": 151342,
+}
+GLM_OCR_IDS = {  # GLM-OCR's own vocabulary (its config.json)
+    "image_token_id": 59280,
+    "video_token_id": 59281,
+    "image_start_token_id": 59256,
+    "image_end_token_id": 59257,
+    "video_start_token_id": 59258,
+    "video_end_token_id": 59259,
+}
+GLM_VISION = {  # GLM's tower: patch 14, merge 2, temporal 2, learnt positions of a 336 px image
+    "depth": 2,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_heads": 2,
+    "out_hidden_size": 32,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "image_size": 336,
+}
+GLM_MOE = {  # GLM-4.5V's MoE shape: one dense layer first, a shared expert, top-k routing
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+}
+
+
 def _rope(section: list[int], **extra: Any) -> dict[str, Any]:
     return {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section, **extra}
@@ -185,6 +223,44 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "image_token_index": 262144,
         "boi_token_index": 255999,
         "eoi_token_index": 256000,
+    },
+    # GLM-V: GLM-4.5V's rotary layout (half the head dim rotated, mRoPE sections t, h, w), GLM-4.5's
+    # vocabulary (151552 rows); GLM-OCR: its whole head dim rotated, its 59392-row vocabulary
+    "glm4v": {
+        "text_config": {
+            **TEXT,
+            "head_dim": 16,
+            "vocab_size": 151552,
+            **_rope([2, 1, 1], partial_rotary_factor=0.5),
+        },
+        "vision_config": GLM_VISION,
+        **GLM_IDS,
+    },
+    "glm4v_moe": {
+        "text_config": {
+            **TEXT,
+            **GLM_MOE,
+            "head_dim": 16,
+            "vocab_size": 151552,
+            **_rope([2, 1, 1], partial_rotary_factor=0.5),
+        },
+        "vision_config": GLM_VISION,
+        **GLM_IDS,
+    },
+    "glm46v": {
+        "text_config": {
+            **TEXT,
+            "head_dim": 16,
+            "vocab_size": 151552,
+            **_rope([2, 1, 1], partial_rotary_factor=0.5),
+        },
+        "vision_config": GLM_VISION,
+        **GLM_IDS,
+    },
+    "glm_ocr": {
+        "text_config": {**TEXT, "vocab_size": 59392, **_rope([2, 1, 1], partial_rotary_factor=1.0)},
+        "vision_config": GLM_VISION,
+        **GLM_OCR_IDS,
     },
 }
 

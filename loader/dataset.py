@@ -383,7 +383,7 @@ class Bins:
         if self.family.mrope:
             item["mrope_position_ids"] = _mrope(self.family, media, cu, positions)
             if self.pixels is not None:
-                item.update(_qwen_pixels(media, self.profile, storage, self.pixels))
+                item.update(_qwen_pixels(media, self.family, storage, self.pixels))
         elif media:
             inputs = {"tiles": _internvl_media, "anyres": _llava_onevision_media, "squares": _square_media}
             item.update(inputs[self.family.pixel_layout](media, self.family, storage, self.pixels))
@@ -404,18 +404,25 @@ def _frames(item: Mapping[str, Any], storage: fs.Storage) -> list:
     return vision.decode_frames(data, item["frame_indices"], item["uri"])
 
 
-def _qwen_pixels(
-    media: list[dict], profile: Mapping[str, Any], storage: fs.Storage, pixels: Pixels
-) -> dict[str, Any]:
+def _qwen_pixels(media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels) -> dict[str, Any]:
     """Pixel patches and grids per kind, as transformers' Qwen-VL models take them (or their
     uint8 values, ``pixel_dtype="uint8"``): every item's 8-bit patches written into one
-    array, then normalized once with the profile's mean/std of that kind."""
+    array, then normalized once with the profile's mean/std of that kind. A family whose
+    videos reach the vision tower as images (GLM-V: ``Family.videos_as_images``) gets every
+    item as ``pixel_values`` in token order, a video as one [1, h, w] grid per temporal patch."""
     out: dict[str, Any] = {}
-    for kind, pixels_key, grid_key in (
-        ("image", "pixel_values", "image_grid_thw"),
-        ("video", "pixel_values_videos", "video_grid_thw"),
-    ):
-        items = [m for m in media if m["kind"] == kind]
+    profile = family.settings
+    if family.videos_as_images:
+        groups = [("image", "pixel_values", "image_grid_thw", media)]
+    else:
+        groups = [
+            (kind, pixels_key, grid_key, [m for m in media if m["kind"] == kind])
+            for kind, pixels_key, grid_key in (
+                ("image", "pixel_values", "image_grid_thw"),
+                ("video", "pixel_values_videos", "video_grid_thw"),
+            )
+        ]
+    for kind, pixels_key, grid_key, items in groups:
         if items:
             rows = np.cumsum([0] + [vision.qwen2_vl_rows(m) for m in items])
             patches = np.empty((rows[-1], vision.row_values(items[0])), np.uint8)
@@ -430,7 +437,11 @@ def _qwen_pixels(
             out[pixels_key] = pixels.tensor(values)
             if pixels.computed == "uint8":  # what normalize_pixel_values needs on the device
                 out.setdefault("pixel_norm", {})[pixels_key] = (settings["mean"], settings["std"])
-            out[grid_key] = torch.tensor([[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items])
+            if family.videos_as_images:
+                grids = [[1, m["grid_h"], m["grid_w"]] for m in items for _ in range(m["grid_t"])]
+            else:
+                grids = [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in items]
+            out[grid_key] = torch.tensor(grids)
             if kind == "video":  # what the model would derive Qwen2.5-VL's time positions from
                 spans = [m["second_per_grid_t"] for m in items]
                 out["second_per_grid_ts"] = torch.tensor([s if s is not None else 1.0 for s in spans])

@@ -485,6 +485,8 @@ class BalanceConfig(Section):
             "internvl_chat": _seven_b_llm(1.8e9, 2.95e5),  # the same tower
             "llava_onevision": _seven_b_llm(2.4e9, 3.7e5),  # SigLIP so400m (27 × 1152)
             "gemma3": _seven_b_llm(2.4e9, 3.7e5),  # SigLIP so400m (27 × 1152), 896 px
+            # GLM-4.1V-9B: a 9 B LLM (40 × 4096) and its ~0.7 B ViT (24 × 1536)
+            "glm4v": CostModelConfig(llm_token=5.4e10, llm_pair=9.8e5, vision_patch=4.1e9, vision_pair=4.4e5),
         },
         description="the cost model of each profile, by profile name",
     )
@@ -494,6 +496,8 @@ Number = Annotated[int | float, _rule("must be a positive number", _positive)]
 CHAT_MODES = (
     "chatml",
     "gemma3",
+    "glm4v",
+    "glm45v",
     "internvl",
     "llava_onevision",
     "qwen3",
@@ -556,9 +560,9 @@ class ProfileSection(Section):
     )
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field(
         "chatml",
-        description="how turns render (families/chat.py): `chatml`, `gemma3`, `internvl`, `llava_onevision`, "
-        "`qwen3`, `qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the one that reproduces the "
-        "directory's chat template",
+        description="how turns render (families/chat.py): `chatml`, `gemma3`, `glm4v`, `glm45v`, `internvl`, "
+        "`llava_onevision`, `qwen3`, `qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the one that "
+        "reproduces the directory's chat template",
     )
 
 
@@ -617,6 +621,50 @@ class Qwen35Profile(Qwen3VLProfile):
 
     kind: Literal["qwen3_5"] = Field("qwen3_5", description="which model family the profile describes")
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field("qwen3_5", description="how turns render")
+
+
+class GlmVImage(Qwen2VLImage):
+    min_pixels: PositiveInt = Field(
+        12544, description="smallest resized image, its two temporal copies counted (size.shortest_edge)"
+    )
+    max_pixels: PositiveInt = Field(
+        11760000, description="largest resized image, its two temporal copies counted (size.longest_edge)"
+    )
+
+
+class GlmVVideo(Section):
+    sampling: Annotated[str, _choice("glm4v", "glm46v")] = Field(
+        "glm4v",
+        description="frame sampling: `glm4v` (Glm4vVideoProcessor: `fps` frames a second up to "
+        "`max_duration` seconds), `glm46v` (Glm46VVideoProcessor: a rate by clip length)",
+    )
+    fps: Number = Field(2.0, description="frames sampled per second of video (`glm4v` sampling)")
+    max_duration: PositiveInt = Field(
+        300, description="longest clip sampled at `fps`; longer ones get max_duration × fps frames"
+    )
+    min_pixels: PositiveInt = Field(
+        12544, description="smallest resized video, all frames (size.shortest_edge)"
+    )
+    max_pixels: PositiveInt = Field(
+        47040000, description="largest resized video, all frames (size.longest_edge)"
+    )
+
+
+class GlmVProfile(ProfileSection):
+    """The GLM-V line (GLM-4.1V, GLM-4.5V, GLM-4.6V, GLM-OCR): patch 14, videos as timestamped
+    image blocks. Video frames are normalized as images (the image's mean and std)."""
+
+    kind: Literal["glm4v"] = Field("glm4v", description="which model family the profile describes")
+    default_system: str = Field("", description="system prompt of samples that have none (empty: none)")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("glm4v", description="how turns render")
+    vision: QwenVision = QwenVision()
+    image: GlmVImage = GlmVImage()
+    video: GlmVVideo = GlmVVideo()
+    frame_label: Annotated[str, _choice("integer", "seconds")] = Field(
+        "integer",
+        description="the time after each video frame: `integer` (`int(t)`, Glm4vProcessor) or `seconds` "
+        "(`{t:.1f} seconds`, Glm46VProcessor)",
+    )
 
 
 class InternVLImage(Section):
@@ -775,7 +823,8 @@ ProfileConfig = Annotated[
     | InternVLProfile
     | InternVLChatProfile
     | LlavaOnevisionProfile
-    | Gemma3Profile,
+    | Gemma3Profile
+    | GlmVProfile,
     Field(discriminator="kind"),
 ]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
@@ -788,6 +837,7 @@ PROFILE_KINDS = (
     "internvl_chat",
     "llava_onevision",
     "gemma3",
+    "glm4v",
 )
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen2_vl": Qwen2VLProfile,
@@ -798,9 +848,10 @@ PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "internvl_chat": InternVLChatProfile,
     "llava_onevision": LlavaOnevisionProfile,
     "gemma3": Gemma3Profile,
+    "glm4v": GlmVProfile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
-QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")  # patch-based (prepared media, mRoPE)
+QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v")  # patch-based (prepared media, mRoPE)
 
 
 class Config(Section):
@@ -844,6 +895,7 @@ class Config(Section):
             "internvl_chat": InternVLChatProfile(),
             "llava_onevision": LlavaOnevisionProfile(),
             "gemma3": Gemma3Profile(),
+            "glm4v": GlmVProfile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",

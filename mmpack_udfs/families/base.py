@@ -40,11 +40,39 @@ class MediaPlan:
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """How a turn is rendered: ``turn_start + role + separator + text + turn_end + separator``."""
+    """How a turn is rendered: ``turn_start + role + separator + text + turn_end + separator``;
+    with ``role_tokens`` (GLM): ``role token + separator + text``, a turn ended by the next turn's
+    role token (supervised as the end of a supervised turn) and the last one by ``closing_token``."""
 
     turn_start: str = "<|im_start|>"
     turn_end: str = "<|im_end|>"
     separator: str = "\n"  # after the role header and after every turn
+    role_tokens: tuple[
+        tuple[str, str], ...
+    ] = ()  # (role, token) where every turn starts with its role's token
+    closing_token: str | None = None  # ends a conversation whose turns have no end token of their own
+
+    def start_token(self, role: str) -> str:
+        """The token a turn of ``role`` starts with."""
+        if not self.role_tokens:
+            return self.turn_start
+        tokens = dict(self.role_tokens)
+        if role not in tokens:
+            raise Rejected(Reason.TEMPLATE_REFUSES, f"the chat format has no {role!r} turns")
+        return tokens[role]
+
+    def header(self, role: str) -> str:
+        """The text after a turn's start token: its role (unless the token names it) and the separator."""
+        return self.separator if self.role_tokens else role + self.separator
+
+    def tokens(self) -> set[str]:
+        """Every token the format inserts by id."""
+        found = {token for _, token in self.role_tokens} | {
+            self.turn_start,
+            self.turn_end,
+            self.closing_token,
+        }
+        return {t for t in found if t}
 
 
 @dataclass(frozen=True)
@@ -85,13 +113,16 @@ class Family:
     # patches and grids), "tiles" (InternVL), "anyres" (LLaVA-OneVision's crops and image sizes),
     # "squares" (Gemma 3: one resized square per image)
     pixel_layout = "patches"
+    # whether its vision tower takes a video's temporal patches as images (GLM-V, whose model finds
+    # image and video features by one token id): the loader hands every item over as pixel_values
+    videos_as_images = False
     video_processor_resize = False  # video frames resized as transformers' video processors do (torch)
     linear_attention = False  # whether its language model has recurrent (linear-attention) layers
     # whether a forward may take the batch's boundaries as keyword arguments (cu_seq_lens_q/k,
     # max_length_q/k, for flash-attn): not where the model hands its keyword arguments to the
     # vision tower's attention too, which would apply the text's boundaries to the image patches
     boundary_kwargs = True
-    bos_token: str | None = None  # a token its chat template starts every conversation with
+    bos_tokens: tuple[str, ...] = ()  # tokens its chat template starts every conversation with
     # whether its image tokens attend to each other within an image (Gemma 3): the loader then
     # builds the attention masks of packed batches itself (loader.collate)
     bidirectional_media = False
@@ -114,9 +145,7 @@ class Family:
     def special_tokens(self) -> set[str]:
         """Every token the family inserts by id: its chat format's, its renderer's and its
         media wrappers'."""
-        tokens = {self.chat.turn_start, self.chat.turn_end, *self.renderer.tokens}
-        if self.bos_token:
-            tokens.add(self.bos_token)
+        tokens = {*self.chat.tokens(), *self.renderer.tokens, *self.bos_tokens}
         for m in self.media_tokens.values():
             tokens |= {*m.before, m.pad, *m.after}
         return tokens | set(self.template_tokens.values())

@@ -17,16 +17,24 @@ refused). The renderers:
 - ``internvl``: transformers-native InternVL. ChatML, and every media placeholder followed by a
   newline (its template writes ``<IMG_CONTEXT>\\n`` / ``<video>\\n`` for a media part).
 - ``llava_onevision``: LLaVA-OneVision. ChatML, a turn's images first (``<image>`` + newline
-  each), then its videos (``<video>`` + newline), then its texts without the placeholders.
+  each), then its videos (``<video>`` + newline), then its texts without the placeholders (a
+  video written before an image moves after it, and so does its place among the sample's media).
 - ``gemma3``: Gemma 3. ``<start_of_turn>{user|model}\n{content}<end_of_turn>\n``, every text
   part trimmed, a system prompt + two newlines at the head of the first user turn; turns must
   alternate user / model, user first (else the template raises: ``template_refuses``).
+- ``glm4v``: GLM-4.5V, GLM-4.6V, GLM-OCR. ``[gMASK]<sop>``, then ``<|system|>`` / ``<|user|>`` /
+  ``<|assistant|>`` / ``<|observation|>`` + newline + content, no end token; an assistant turn is
+  ``<think>{reasoning}</think>`` (reasoning only after the last user turn) + newline + its trimmed
+  answer; a tool turn ``<tool_response>\\n{content}\\n</tool_response>\\n``.
+- ``glm45v``: GLM-4.5V. As ``glm4v``, without the newline after a tool response.
 - ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
   carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
 
 Supervised tokens (``tokenize.loss``): everything a supervised turn renders after its role
 header (think block, answer, ``<|im_end|>``); never the header, the template's newline after
-``<|im_end|>``, the system prompt or a tool turn's wrapper.
+``<|im_end|>``, the system prompt or a tool turn's wrapper. GLM ends a turn with the next turn's
+role token, which is supervised as the end of a supervised turn; a conversation's last turn is
+closed by ``<|user|>`` (``ChatFormat.closing_token``), the token GLM generates to stop.
 """
 
 from __future__ import annotations
@@ -58,6 +66,9 @@ class TurnLayout:
     body: str
     before: list[LayoutElement] = field(default_factory=list)
     after: list[LayoutElement] = field(default_factory=list)
+    # the body's media placeholders by their place among the turn's own (empty: as the turn wrote
+    # them): a template that moves a turn's media (LLaVA-OneVision: images first)
+    media_order: tuple[int, ...] = ()
 
 
 class ChatML:
@@ -88,8 +99,8 @@ class InternVL(ChatML):
 
 class LlavaOnevision(ChatML):
     """LLaVA-OneVision: a message's images, then its videos, each with a newline, then its texts.
-    mmpack keeps a sample's media in placeholder order, so a turn with a video placed before an
-    image (which the template would reorder) is refused."""
+    A turn that writes a video before an image is rendered as the template does, its media in
+    the template's order (``TurnLayout.media_order``; the tokenized row's media follow it)."""
 
     name = "llava_onevision"
 
@@ -97,14 +108,12 @@ class LlavaOnevision(ChatML):
         out = []
         for layout in super().turns(turns):
             items = MEDIA_PLACEHOLDER.findall(layout.body)
-            if items != sorted(items, key=lambda item: item != IMAGE_PLACEHOLDER):
-                raise Rejected(
-                    Reason.TEMPLATE_REFUSES,
-                    "a video placed before an image in one turn: LLaVA-OneVision's template writes a "
-                    "turn's images first, which would reorder the sample's media",
-                )
-            media = "".join(item + "\n" for item in items)
-            out.append(TurnLayout(layout.role, media + MEDIA_PLACEHOLDER.sub("", layout.body)))
+            order = sorted(range(len(items)), key=lambda i: items[i] != IMAGE_PLACEHOLDER)
+            media = "".join(items[i] + "\n" for i in order)
+            moved = tuple(order) if order != sorted(order) else ()
+            out.append(
+                TurnLayout(layout.role, media + MEDIA_PLACEHOLDER.sub("", layout.body), media_order=moved)
+            )
         return out
 
 
@@ -213,6 +222,53 @@ class Qwen35(Qwen3Thinking):
         return TurnLayout("assistant", answer)
 
 
+class Glm(Qwen3Thinking):
+    """GLM-4.5V, GLM-4.6V, GLM-OCR: turns opened by role tokens (``ChatFormat.role_tokens``), no
+    end token; every assistant turn has a think block, its reasoning kept after the last user
+    turn, its answer trimmed; a tool turn is an ``observation`` turn holding a tool response."""
+
+    name = "glm4v"
+    after_tool = "\n"  # GLM-4.6V's template: a newline after a tool response
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        last_user = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=-1)
+        out = []
+        for index, turn in enumerate(turns):
+            role = TEMPLATE_ROLE.get(turn["role"], turn["role"])
+            if role == "tool":
+                if index and turns[index - 1]["role"] == "tool":
+                    raise Rejected(
+                        Reason.TEMPLATE_REFUSES,
+                        "consecutive tool turns: GLM's template writes them under one <|observation|>",
+                    )
+                before = [("token", TOOL_OPEN)]
+                after = [("token", TOOL_CLOSE), *([("text", self.after_tool)] if self.after_tool else [])]
+                out.append(TurnLayout("observation", "\n" + turn["text"] + "\n", before, after))
+            elif role == "assistant":
+                reasoning, answer = self.split(turn["text"])
+                shown = reasoning.strip() if index > last_user and reasoning else ""
+                thought = [
+                    ("token", THINK_OPEN),
+                    *([("text", shown)] if shown else []),
+                    ("token", THINK_CLOSE),
+                ]
+                body = "\n" + answer.strip() if answer.strip() else ""
+                out.append(TurnLayout("assistant", body, thought))
+            else:
+                out.append(TurnLayout(role, turn["text"]))
+        return out
+
+
+class Glm45(Glm):
+    """GLM-4.5V: as GLM-4.6V, nothing after a tool response."""
+
+    name = "glm45v"
+    after_tool = ""
+
+
 CHAT_RENDERERS: dict[str, ChatML] = {
-    r.name: r for r in (ChatML(), Gemma3(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(), Qwen35())
-}
+    r.name: r
+    for r in (
+        ChatML(), Gemma3(), Glm(), Glm45(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(), Qwen35()
+    )
+}  # fmt: skip

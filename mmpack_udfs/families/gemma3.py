@@ -42,7 +42,7 @@ class Gemma3(Family):
     template_tokens: ClassVar[dict[str, str]] = {"image": "<start_of_image>"}
     content_parts = True  # its template reads a message's content parts (images, trimmed texts)
     pixel_layout = "squares"
-    bos_token = "<bos>"
+    bos_tokens = ("<bos>",)
     bidirectional_media = True
 
     def plan_image(self, width: int, height: int) -> MediaPlan:

@@ -386,6 +386,101 @@ def _gemma3_profile(path: str, source: str, kind: str, config: Mapping[str, Any]
     return profile
 
 
+# transformers' Glm4vImageProcessor and Glm4vVideoProcessor class defaults (5.24; Glm46V's are the
+# same); GLM reads the pixel limits from ``size`` alone (no min_pixels/max_pixels keys)
+GLM_IMAGE_DEFAULTS = {
+    **SQUARE_PROCESSOR_DEFAULTS,
+    "size": {"shortest_edge": 112 * 112, "longest_edge": 28 * 28 * 15000},
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+}
+GLM_VIDEO_DEFAULTS = {
+    **GLM_IMAGE_DEFAULTS,
+    "size": {"shortest_edge": 112 * 112, "longest_edge": 28 * 28 * 2 * 30000},
+    "fps": 2,
+    "max_duration": 300,
+    "do_sample_frames": True,
+}
+# the processor class a directory names → how its frames are labelled (GlmVProfile.frame_label)
+GLM_PROCESSORS = {"Glm4vProcessor": "integer", "Glm46VProcessor": "seconds"}
+GLM_VIDEO_PROCESSORS = {"Glm4vVideoProcessor": "glm4v", "Glm46VVideoProcessor": "glm46v"}
+GLM_TOKENS = (  # config.json key -> the tokenizer's token
+    ("image_token_id", "<|image|>"),
+    ("video_token_id", "<|video|>"),
+    ("image_start_token_id", "<|begin_of_image|>"),
+    ("image_end_token_id", "<|end_of_image|>"),
+    ("video_start_token_id", "<|begin_of_video|>"),
+    ("video_end_token_id", "<|end_of_video|>"),
+)
+
+
+def _glm_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
+    """The GLM-V line: the image and video processors' settings (their ``size`` pixel limits,
+    patching, mean/std), the processor classes the directory names (GLM-4.6V's frame labels and
+    frame sampling) or, where it names none, those transformers maps its ``model_type`` to."""
+    image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
+    if image_file is None:
+        raise ConfigError(f"tokenize.model: {source} has no preprocessor_config.json, which GLM-V needs")
+    image = {**GLM_IMAGE_DEFAULTS, **{k: v for k, v in image_file.items() if v is not None}}
+    _refuse_other_processing(image, "preprocessor_config.json", source)
+    video_file = _processor_file(path, "video_preprocessor_config.json", "video_processor")
+    if video_file is None:
+        notes.append(
+            f"{source} has no video_preprocessor_config.json: videos use its video processor's class defaults"
+        )
+    video = {**GLM_VIDEO_DEFAULTS, **{k: v for k, v in (video_file or {}).items() if v is not None}}
+    _refuse_other_processing(video, "the video processor's config", source)
+    if not video["do_sample_frames"]:
+        raise ConfigError(
+            f"tokenize.model: {source}: the video processor sets do_sample_frames false (every frame); "
+            "mmpack reproduces GLM-V's frame sampling only"
+        )
+    vision = {k: image[k] for k in ("patch_size", "merge_size", "temporal_patch_size")}
+    for key in (*vision, "image_mean", "image_std"):
+        if video[key] != image[key]:
+            raise ConfigError(
+                f"tokenize.model: {source}: the video processor's {key} {video[key]} differs from the image "
+                f"processor's {image[key]}; mmpack hands GLM-V's video frames to the vision tower as images"
+            )
+    _check_vision_config(config.get("vision_config") or {}, vision, source)
+    for key, token in GLM_TOKENS:
+        _check_token_id(path, source, config, key, token)
+    glm46v = config.get("model_type") == "glm46v"
+    processor = (_json(path, "processor_config.json") or {}).get("processor_class") or image_file.get(
+        "processor_class", "Glm46VProcessor" if glm46v else "Glm4vProcessor"
+    )
+    paired = processor.replace("Processor", "VideoProcessor")  # the processor class's own video processor
+    video_class = video.get("video_processor_type") or paired
+    checks = (
+        (processor, GLM_PROCESSORS, "processor"),
+        (video_class, GLM_VIDEO_PROCESSORS, "video processor"),
+    )
+    for name, known, what in checks:
+        if name not in known:
+            raise ConfigError(
+                f"tokenize.model: {source} names the {what} {name!r}; mmpack reproduces GLM-V with "
+                f"{' or '.join(known)}"
+            )
+    profile = PROFILE_MODELS[kind]().model_dump()
+    profile["vision"] = vision
+    profile["image"].update(
+        min_pixels=image["size"]["shortest_edge"],
+        max_pixels=image["size"]["longest_edge"],
+        mean=list(image["image_mean"]),
+        std=list(image["image_std"]),
+    )
+    profile["video"].update(
+        sampling=GLM_VIDEO_PROCESSORS[video_class],
+        fps=video["fps"],
+        max_duration=video["max_duration"],
+        min_pixels=video["size"]["shortest_edge"],
+        max_pixels=video["size"]["longest_edge"],
+    )
+    profile["frame_label"] = GLM_PROCESSORS[processor]
+    return profile
+
+
 def _video_profile(video: Mapping[str, Any]) -> dict[str, Any]:
     """The profile's ``video`` keys (ProcessorVideo) from a video processor's settings."""
     return {
@@ -608,4 +703,5 @@ DIRECTORY_READERS = {
     "internvl": _internvl_profile,
     "llava_onevision": _llava_onevision_profile,
     "gemma3": _gemma3_profile,
+    "glm4v": _glm_profile,
 }

@@ -177,7 +177,8 @@ class Qwen3VL(Qwen2VL):
         if item["kind"] != "video":
             return super().vision_blocks(item)
         h, w = item["grid_h"] // self.merge_size, item["grid_w"] // self.merge_size
-        return [(item["token_offset"] + start, 1, h, w, 1.0) for start in item["group_starts"]]
+        starts = item["group_starts"] or [0]  # a video of one temporal patch is one pad run
+        return [(item["token_offset"] + start, 1, h, w, 1.0) for start in starts]
 
 
 class Qwen35(Qwen3VL):

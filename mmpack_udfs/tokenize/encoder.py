@@ -131,6 +131,7 @@ class Tokenized:
     over_length: bool = False  # cut down to max_tokens (truncate) or a piece of a split sample
     pair_side: str | None = None  # "chosen" | "rejected" for a preference pair's sequences
     weight: float = 1.0  # the sample's loss weight (every piece of a split sample keeps it)
+    reordered: bool = False  # its media in another order than its placeholders (the template moved them)
 
 
 class SampleTokenizer:
@@ -179,11 +180,7 @@ class SampleTokenizer:
         answer alone (a preference pair's sequences), whatever ``tokenize.loss`` says.
         ``as_template``: each media item as the chat template writes it, unexpanded."""
         chat, renderer = self.profile.chat, self.profile.renderer
-        im_start, im_end = (self.special[chat.turn_start],), (self.special[chat.turn_end],)
-        newline = self._constant(chat.separator)
-        pieces: list[Piece] = []
-        if self.profile.bos_token:
-            pieces.append(Piece(None, (self.special[self.profile.bos_token],)))
+        pieces = [Piece(None, (self.special[token],)) for token in self.profile.bos_tokens]
         if system is None:
             system = self.profile.default_system
         layouts = renderer.turns(turns)
@@ -191,28 +188,35 @@ class SampleTokenizer:
             layouts = renderer.with_system(system, layouts)
         elif system is not None:
             system = renderer.system(system)
-            head = f"system{chat.separator}{system}"
+            head = chat.header("system") + system
             body = Piece(None, self._constant(head)) if system == self.profile.default_system else Piece(head)
-            pieces += [Piece(None, im_start), body, Piece(None, im_end), Piece(None, newline)]
+            pieces += [Piece(None, self._start("system")), body, *self._end(False, -1)]
         supervised = {len(turns) - 1} if last_turn_only else self._supervised_turns(turns)
         next_media = 0
         for t, layout in enumerate(layouts):
             sup = t in supervised
-            header = layout.role + chat.separator
-            pieces.append(Piece(None, im_start, turn=t))
+            header = chat.header(layout.role)
+            # without end tokens (GLM), a turn's start token ends the turn before it
+            closes = not chat.turn_end and t - 1 in supervised
+            pieces.append(Piece(None, self._start(layout.role), supervised=closes, turn=t))
             if layout.before:  # the header stands alone: a token follows it
                 pieces.append(Piece(None, self._constant(header), turn=t))
                 pieces += self._layout_pieces(layout.before, sup, t)
             text = layout.body
             parts = PLACEHOLDER.split(text) if "<" in text else (text,)
+            first_media = next_media  # the turn's media, by their place in its text
             for k, part in enumerate(parts):
                 if k % 2 == 1:  # a placeholder
+                    index = next_media
+                    if layout.media_order:  # the template moved this turn's media
+                        index = first_media + layout.media_order[next_media - first_media]
+                    plan = plans[index]
                     shape = (
-                        self.profile.template_layout(plans[next_media].kind)
+                        self.profile.template_layout(plan.kind)
                         if as_template
-                        else self.profile.media_layout(plans[next_media])
+                        else self.profile.media_layout(plan)
                     )
-                    _append_joined(pieces, self._media_pieces(shape, plans[next_media], next_media, t))
+                    _append_joined(pieces, self._media_pieces(shape, plan, index, t))
                     next_media += 1
                 elif k > 0 or layout.before:
                     if part:
@@ -227,13 +231,29 @@ class SampleTokenizer:
                     if part:
                         pieces.append(Piece(part, supervised=sup, turn=t))
             pieces += self._layout_pieces(layout.after, sup, t)
-            pieces.append(Piece(None, im_end, supervised=sup, turn=t))
-            pieces.append(Piece(None, newline, turn=t))
+            pieces += self._end(sup, t)
+        if chat.closing_token and layouts:
+            last = len(layouts) - 1
+            pieces.append(
+                Piece(None, (self.special[chat.closing_token],), supervised=last in supervised, turn=last)
+            )
         if next_media != len(plans):
             raise Rejected(
                 Reason.PLACEHOLDER_MEDIA_MISMATCH, f"{next_media} placeholders, {len(plans)} media"
             )
         return pieces
+
+    def _start(self, role: str) -> tuple[int, ...]:
+        return (self.special[self.profile.chat.start_token(role)],)
+
+    def _end(self, supervised: bool, turn: int) -> list[Piece]:
+        """A turn's end token (supervised with the turn) and the separator after it; none where
+        the chat format ends turns with the next one's start token."""
+        chat = self.profile.chat
+        if not chat.turn_end:
+            return []
+        end = Piece(None, (self.special[chat.turn_end],), supervised=supervised, turn=turn)
+        return [end, Piece(None, self._constant(chat.separator), turn=turn)]
 
     def prompt_tokens(
         self, system: str | None, turns: Sequence[Mapping[str, str]], plans: Sequence[MediaPlan]
@@ -516,6 +536,7 @@ def _assemble(sample_id: str, sample, plans, pieces, enc: Encoded) -> Tokenized:
         if piece.media >= 0:
             runs.setdefault(piece.media, []).append(offset)
         offset += length
+    result.reordered = list(runs) != sorted(runs)  # media rows follow the tokens
     for index, starts in runs.items():
         plan = plans[index]
         result.media.append(_media_row(sample["media"][index], plan, starts))

@@ -50,6 +50,7 @@ UNIT_RESULT = pa.schema(
         ("rows_in", pa.int64()),
         ("parents", pa.int64()),
         ("over_length", pa.int64()),  # samples over max_tokens, truncated or split (not dropped)
+        ("reordered", pa.int64()),  # samples whose chat template moved their media (LLaVA-OneVision)
         ("setup_seconds", pa.float64()),  # loading the tokenizer in a new Python worker
         ("tokenize_seconds", pa.float64()),  # render + encode + assemble
         ("seconds", pa.float64()),  # the whole unit: read, tokenize, write
@@ -105,6 +106,7 @@ class _Tally:
     tokenize_seconds: float = 0.0
     parents: set[str] = field(default_factory=set)
     over_length: set[str] = field(default_factory=set)  # parents truncated or split
+    reordered: set[str] = field(default_factory=set)  # parents whose template moved their media
     quarantined: list[dict] = field(default_factory=list)
 
 
@@ -150,6 +152,7 @@ class UnitTask:
             "rows_in": tally.rows_in,
             "parents": len(tally.parents),
             "over_length": len(tally.over_length),
+            "reordered": len(tally.reordered),
             "setup_seconds": self.setup_seconds,
             "tokenize_seconds": tally.tokenize_seconds,
             "seconds": time.perf_counter() - started,
@@ -170,6 +173,7 @@ class UnitTask:
                 tally.quarantined.extend(rejected)
                 tally.parents.update(r.parent_id for r in done)
                 tally.over_length.update(r.parent_id for r in done if r.over_length)
+                tally.reordered.update(r.parent_id for r in done if r.reordered)
                 if done:
                     yield to_record_batch(done)
 
@@ -233,6 +237,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         "tokenized_samples": sum(r["parents"] for r in results),
         "tokenized_rows": commits["tokenized"].rows,
         "over_length": sum(r["over_length"] for r in results),  # truncated or split, per over_length
+        "reordered": sum(r["reordered"] for r in results),  # media moved by the chat template
         "quarantined": commits["tokenize_quarantine"].rows,
     }
     summary = {
@@ -308,6 +313,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         f"(as {c['tokenized_rows']} rows), quarantined {c['quarantined']}"
         + (f"; {c['over_length']} over max_tokens, {summary['over_length']}" if c.get("over_length") else ""),
     ]
+    if c.get("reordered"):
+        lines.append(f"  {c['reordered']} samples with media in the chat template's order (it moved them)")
     if t.get("total"):
         share = {k: 100 * t[k] / t["total"] for k in ("text", "image", "video")}
         lines += [

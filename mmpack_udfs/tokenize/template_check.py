@@ -148,6 +148,9 @@ def _first_difference(sample_tokenizer, hf, template: str) -> str | None:
             if type(err).__name__ == "TemplateError":
                 continue
             raise
+        closing = sample_tokenizer.profile.chat.closing_token  # the template leaves the last turn open
+        if closing is not None:
+            expected = [*expected, hf.convert_tokens_to_ids(closing)]
         try:
             pieces = sample_tokenizer.render(system, turns, plans, as_template=True)
             (ours,) = sample_tokenizer.encode([pieces])

@@ -51,14 +51,18 @@ def video_references(run, uris: list[str], tmp: Path) -> dict[str, dict]:
     """transformers' video processor on every video (one subprocess for all)."""
     if not (TORCHVISION / ".installed").exists():
         raise RuntimeError(f"the video oracle needs torchvision at {TORCHVISION}: run `make test`")
+    profile = run.ctx.config.profile
     file = run.model_dir / "video_preprocessor_config.json"
-    settings = json.loads(file.read_text()) if file.exists() else QWEN2_5_VIDEO
+    fallback = {} if profile.kind == "glm4v" else QWEN2_5_VIDEO  # GLM: the class defaults
+    settings = json.loads(file.read_text()) if file.exists() else fallback
     request = {
         "model_dir": str(run.model_dir),
-        "family": run.ctx.config.profile.kind,
+        "family": profile.kind,
         "settings": {k: v for k, v in settings.items() if not k.endswith(("_type", "_class"))},
         "videos": [{"uri": uri, "out": str(tmp / f"video{i}.npy")} for i, uri in enumerate(uris)],
     }
+    if profile.kind == "glm4v":  # the processor classes the directory resolved to
+        request.update(sampling=profile.video.sampling, frame_label=profile.frame_label)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -95,36 +99,24 @@ def oracle_references(run, oracle, tmp: Path) -> tuple[list[dict], dict[str, dic
     return rows, refs, videos
 
 
-@pytest.fixture(scope="module")
-def references(family_run, tmp_path_factory):
-    """Per family: the run, the samples by id and transformers' reference for every tokenized sample."""
+def runs_with_references(family_run, oracle, tmp_path_factory):
+    """``get(name)``: (run, tokenized rows, ``oracle.reference`` by sample id, videos by uri) of a
+    family's run, built on first use."""
     cache = {}
 
     def get(name: str):
         if name not in cache:
             run = family_run(name)
-            samples = {
-                s["sample_id"]: s
-                for s in tables.read_arrow(table_uri(str(run.output), "samples")).to_pylist()
-            }
-            rows = tables.read_arrow(table_uri(str(run.output), "tokenized")).to_pylist()
-            uris = sorted(
-                {m["uri"] for r in rows for m in samples[r["sample_id"]]["media"] if m["kind"] == "video"}
-            )
-            videos = video_references(run, uris, tmp_path_factory.mktemp(f"videos-{name}"))
-            hf = load_tokenizer(str(run.model_dir))
-
-            def video(m):
-                return {**videos[m["uri"]], "grid": videos[m["uri"]]["grid"]}
-
-            refs = {
-                r["sample_id"]: oracle.reference(run.model_dir, hf, samples[r["sample_id"]], video)
-                for r in rows
-            }
-            cache[name] = (run, rows, refs, videos)
+            cache[name] = (run, *oracle_references(run, oracle, tmp_path_factory.mktemp(f"videos-{name}")))
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def references(family_run, tmp_path_factory):
+    """Per family: the run, its rows and transformers' reference for every tokenized sample."""
+    return runs_with_references(family_run, oracle, tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", FAMILY_MODELS)

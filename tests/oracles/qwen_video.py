@@ -34,7 +34,25 @@ def frames_of(uri: str) -> tuple[np.ndarray, float]:
     return np.stack(frames), fps
 
 
-def processor(family: str, settings: dict):
+# GLM-V: the processor classes a directory resolves to (its profile's frame labels and sampling)
+GLM_CLASSES = {
+    "glm4v": ("transformers.models.glm4v.video_processing_glm4v", "Glm4vVideoProcessor"),
+    "glm46v": ("transformers.models.glm46v.video_processing_glm46v", "Glm46VVideoProcessor"),
+    "integer": ("transformers.models.glm4v.processing_glm4v", "Glm4vProcessor"),
+    "seconds": ("transformers.models.glm46v.processing_glm46v", "Glm46VProcessor"),
+}
+
+
+def glm_class(key: str):
+    import importlib
+
+    module, name = GLM_CLASSES[key]
+    return getattr(importlib.import_module(module), name)
+
+
+def processor(family: str, settings: dict, request: dict | None = None):
+    if family == "glm4v":
+        return glm_class(request["sampling"])(**settings)
     if family == "internvl":
         from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
 
@@ -54,10 +72,17 @@ def processor(family: str, settings: dict):
     return Qwen2VLVideoProcessor(**settings)
 
 
-def text_processor(family: str, video_processor, tokenizer, model_dir: str):
+def text_processor(family: str, video_processor, tokenizer, model_dir: str, request: dict):
     """The family's processor class around the video processor (for its pad replacement)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    if family == "glm4v":
+        from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+        cls = glm_class(request["frame_label"])
+        return cls(
+            image_processor=Glm4vImageProcessorPil(), tokenizer=tokenizer, video_processor=video_processor
+        )
     if family == "internvl":
         from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
         from transformers.models.internvl.processing_internvl import InternVLProcessor
@@ -87,14 +112,17 @@ def main() -> None:
 
     request = json.load(sys.stdin)
     family = request["family"]
-    video_processor = processor(family, request["settings"])
+    video_processor = processor(family, request["settings"], request)
     model_dir = request["model_dir"]
-    wrapper = text_processor(family, video_processor, AutoTokenizer.from_pretrained(model_dir), model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    wrapper = text_processor(family, video_processor, tokenizer, model_dir, request)
     results = []
     for video in request["videos"]:
         frames, fps = frames_of(video["uri"])
         every = list(range(len(frames)))
         metadata = VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=every)
+        if family == "glm4v":  # its sampling reads the duration, as transformers' video loaders give it
+            metadata.duration = len(frames) / fps
         if family in ("internvl", "llava_onevision"):  # frame sampling as the directory's video config says
             out, (replacement,) = wrapper._process_videos(
                 videos=[frames], video_metadata=[metadata], return_metadata=True, return_tensors="pt",
@@ -106,9 +134,10 @@ def main() -> None:
                 pooled = math.ceil(math.isqrt(wrapper.num_image_tokens) / 2)
                 grid = [len(pixels), pooled, pooled]
         else:
+            extra = {} if family == "glm4v" else {"cap_pixels_per_frame": False}
             out, (replacement,) = wrapper._process_videos(  # the processor's own video half
                 videos=[frames], video_metadata=[metadata], do_sample_frames=True, return_metadata=True,
-                return_tensors="pt", input_data_format="channels_last", cap_pixels_per_frame=False,
+                return_tensors="pt", input_data_format="channels_last", **extra,
             )  # fmt: skip
             pixels, grid = out["pixel_values_videos"], [int(x) for x in out["video_grid_thw"][0]]
         np.save(video["out"], pixels.numpy())
