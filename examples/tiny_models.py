@@ -70,6 +70,7 @@ GLM_IDS = {  # GLM-4.5's token layout (GLM-4.5V, GLM-4.6V, GLM-4.6V-Flash)
     "video_start_token_id": 151341,
     "video_end_token_id": 151342,
 }
+GLM41V_IDS = {**GLM_IDS, "image_token_id": 151343, "video_token_id": 151344}  # GLM-4.1V's config.json
 GLM_OCR_IDS = {  # GLM-OCR's own vocabulary (its config.json)
     "image_token_id": 59280,
     "video_token_id": 59281,
@@ -226,7 +227,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     },
     # GLM-V: GLM-4.5V's rotary layout (half the head dim rotated, mRoPE sections t, h, w), GLM-4.5's
     # vocabulary (151552 rows); GLM-OCR: its whole head dim rotated, its 59392-row vocabulary
-    "glm4v": {
+    "glm4v": {  # GLM-4.1V-9B's token ids
         "text_config": {
             **TEXT,
             "head_dim": 16,
@@ -234,7 +235,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
             **_rope([2, 1, 1], partial_rotary_factor=0.5),
         },
         "vision_config": GLM_VISION,
-        **GLM_IDS,
+        **GLM41V_IDS,
     },
     "glm4v_moe": {
         "text_config": {

@@ -498,6 +498,7 @@ CHAT_MODES = (
     "gemma3",
     "glm4v",
     "glm45v",
+    "glm41v",
     "internvl",
     "llava_onevision",
     "qwen3",
@@ -560,7 +561,8 @@ class ProfileSection(Section):
     )
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field(
         "chatml",
-        description="how turns render (families/chat.py): `chatml`, `gemma3`, `glm4v`, `glm45v`, `internvl`, "
+        description="how turns render (families/chat.py): `chatml`, `gemma3`, `glm4v`, `glm45v`, `glm41v`, "
+        "`internvl`, "
         "`llava_onevision`, `qwen3`, `qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the one that "
         "reproduces the directory's chat template",
     )

@@ -27,6 +27,8 @@ refused). The renderers:
   ``<think>{reasoning}</think>`` (reasoning only after the last user turn) + newline + its trimmed
   answer; a tool turn ``<tool_response>\\n{content}\\n</tool_response>\\n``.
 - ``glm45v``: GLM-4.5V. As ``glm4v``, without the newline after a tool response.
+- ``glm41v``: GLM-4.1V-9B-Thinking. Role-token turns, contents as they are (no think block of its
+  own); its template drops tool turns, so samples with one are refused (``template_refuses``).
 - ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
   carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
 
@@ -40,6 +42,7 @@ closed by ``<|user|>`` (``ChatFormat.closing_token``), the token GLM generates t
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,9 +269,36 @@ class Glm45(Glm):
     after_tool = ""
 
 
+class Glm41(ChatML):
+    """GLM-4.1V-9B-Thinking: turns opened by role tokens, contents as they are (the think tags
+    in an answer by id); its template writes nothing for a tool turn, so a sample with one is
+    refused rather than trained without it."""
+
+    name = "glm41v"
+    tokens = (THINK_OPEN, THINK_CLOSE)
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        out = []
+        for turn in turns:
+            role = TEMPLATE_ROLE.get(turn["role"], turn["role"])
+            if role == "tool":
+                raise Rejected(Reason.TEMPLATE_REFUSES, "GLM-4.1V's template drops tool turns")
+            parts = [p for p in THINK_TAG.split(turn["text"]) if p] if role == "assistant" else []
+            if len(parts) < 2:  # no think tags: the text as it is
+                out.append(TurnLayout(role, turn["text"]))
+                continue
+            body = "" if parts[-1] in (THINK_OPEN, THINK_CLOSE) else parts.pop()
+            before = [("token", p) if p in (THINK_OPEN, THINK_CLOSE) else ("text", p) for p in parts]
+            out.append(TurnLayout(role, body, before))
+        return out
+
+
+THINK_TAG = re.compile(f"({re.escape(THINK_OPEN)}|{re.escape(THINK_CLOSE)})")
+
 CHAT_RENDERERS: dict[str, ChatML] = {
     r.name: r
     for r in (
-        ChatML(), Gemma3(), Glm(), Glm45(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(), Qwen35()
+        ChatML(), Gemma3(), Glm(), Glm45(), Glm41(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(),
+        Qwen35(),
     )
 }  # fmt: skip

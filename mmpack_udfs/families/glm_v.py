@@ -67,7 +67,7 @@ class GlmV(Qwen3VL):
         ),
         closing_token="<|user|>",
     )
-    chat_modes: ClassVar[tuple[str, ...]] = ("glm4v", "glm45v")
+    chat_modes: ClassVar[tuple[str, ...]] = ("glm4v", "glm45v", "glm41v")
     bos_tokens = ("[gMASK]", "<sop>")
     media_tokens: ClassVar[dict[str, MediaTokens]] = {
         "image": MediaTokens(("<|begin_of_image|>",), "<|image|>", ("<|end_of_image|>",)),

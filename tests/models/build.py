@@ -35,8 +35,8 @@ MODELS = {
     "internvl": ("internvl", "internvl", "qwen2", "chat_template.jinja"),
     "llava_onevision": ("llava_onevision", "llava_onevision", "qwen2", "chat_template.jinja"),
     "gemma3": ("gemma3", "gemma3", "gemma3", "tokenizer_config.json"),
-    # GLM-V (published/glm4_6v/SOURCE.md): GLM-4.6V-Flash (model_type glm4v), GLM-4.5V, GLM-4.6V, GLM-OCR
-    "glm4v": ("glm4_6v", "glm4v", "glm", "chat_template.jinja"),
+    # GLM-V (published/glm4_*/SOURCE.md): GLM-4.1V-9B-Thinking, GLM-4.5V, GLM-4.6V, GLM-OCR
+    "glm4v": ("glm4_1v", "glm4v", "glm", "chat_template.jinja"),
     "glm4v_moe": ("glm4_5v", "glm4v_moe", "glm", "chat_template.jinja"),
     "glm46v": ("glm4_6v", "glm46v", "glm", "chat_template.jinja"),
     "glm_ocr": ("glm_ocr", "glm_ocr", "glm", "chat_template.jinja"),

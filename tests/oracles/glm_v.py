@@ -1,7 +1,8 @@
 """transformers as the oracle for a GLM-V model directory (GLM-4.5V, GLM-4.6V, GLM-OCR).
 
 What a user's training script does with the directory: its chat template on the conversation
-(content parts for media), GLM's processor on the text and media: the PIL image processor
+(content parts where a turn has media, text turns as strings: GLM-4.1V's template writes an
+assistant's content as it is), GLM's processor on the text and media: the PIL image processor
 (``Glm4vImageProcessorPil``) from ``preprocessor_config.json``, the video half from the
 directory's video processor class (in a subprocess: tests/oracles/qwen_video.py), each
 ``<|image|>`` expanded to its tokens and each ``<|video|>`` replaced by the processor's frame
@@ -22,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.oracles.qwen_family import chat_template, labels_of, messages, rgb
+from mmpack_udfs.tokenize.template_check import messages
+from tests.oracles.qwen_family import chat_template, labels_of, rgb
 
 ASSISTANT_TURN = re.compile(r"<\|assistant\|>\n(.*?(?:<\|user\|>|<\|observation\|>))", re.DOTALL)
 MEDIA_SPAN = re.compile(

@@ -163,3 +163,34 @@ def test_a_directory_gives_its_processors_settings(glm_dir):
 def test_settings_mmpack_does_not_reproduce_are_refused(glm_dir, tmp_path, file, changes, message):
     with pytest.raises(ConfigError, match=message):
         model_dir.read(edited(glm_dir, tmp_path, file, **changes))
+
+
+def test_glm41v_writes_answers_as_they_are_and_refuses_samples_its_template_drops_turns_of(tmp_path):
+    """GLM-4.1V-9B-Thinking's template (renderer ``glm41v``): an answer's think tags as its
+    tokenizer reads them, the conversation closed by ``<|user|>``; a tool turn, which the
+    template silently drops, quarantines its sample."""
+    from mmpack_udfs.families.model_dir import load_tokenizer
+    from mmpack_udfs.resolve import load_run
+    from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
+    from mmpack_udfs.tokenize.template_check import messages  # text turns as strings, as users write them
+
+    directory = build_model_dir("glm4v", tmp_path / "glm4v")
+    config = load_run(None, [f"tokenize.model={directory}", f"output={tmp_path / 'out'}"]).config
+    assert config.profile.chat == "glm41v"
+    tok, hf = SampleTokenizer(TokenizeSettings.from_config(config)), load_tokenizer(str(directory))
+    turns = [{"role": "user", "text": "Why?"}, {"role": "assistant", "text": "<think>Because.</think>It is."}]
+    tool = [
+        {"role": "user", "text": "Weather?"},
+        {"role": "tool", "text": "20"},
+        {"role": "assistant", "text": "Warm."},
+    ]
+    base = {"dataset": "d", "source_file": "f", "source_position": 0, "system": None, "media": []}
+    (row,), quarantined = tok.tokenize(
+        [{**base, "sample_id": "a", "turns": turns}, {**base, "sample_id": "b", "turns": tool}]
+    )
+    text = hf.apply_chat_template(
+        messages(None, turns), chat_template=(directory / "chat_template.jinja").read_text(), tokenize=False
+    )
+    assert row.input_ids.tolist() == hf(text + "<|user|>", add_special_tokens=False).input_ids
+    assert hf.convert_tokens_to_ids("<think>") in row.labels.tolist()  # the answer, its think tags by id
+    assert [(q["sample_id"], q["reason"]) for q in quarantined] == [("b", "template_refuses")]
