@@ -47,9 +47,8 @@ class ChatFormat:
     turn_start: str = "<|im_start|>"
     turn_end: str = "<|im_end|>"
     separator: str = "\n"  # after the role header and after every turn
-    role_tokens: tuple[
-        tuple[str, str], ...
-    ] = ()  # (role, token) where every turn starts with its role's token
+    # (role, token) pairs where every turn starts with its role's token
+    role_tokens: tuple[tuple[str, str], ...] = ()
     closing_token: str | None = None  # ends a conversation whose turns have no end token of their own
 
     def start_token(self, role: str) -> str:
@@ -67,11 +66,7 @@ class ChatFormat:
 
     def tokens(self) -> set[str]:
         """Every token the format inserts by id."""
-        found = {token for _, token in self.role_tokens} | {
-            self.turn_start,
-            self.turn_end,
-            self.closing_token,
-        }
+        found = {self.turn_start, self.turn_end, self.closing_token, *dict(self.role_tokens).values()}
         return {t for t in found if t}
 
 

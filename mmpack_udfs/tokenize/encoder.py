@@ -204,12 +204,11 @@ class SampleTokenizer:
                 pieces += self._layout_pieces(layout.before, sup, t)
             text = layout.body
             parts = PLACEHOLDER.split(text) if "<" in text else (text,)
-            first_media = next_media  # the turn's media, by their place in its text
+            # the sample's media index of each placeholder as rendered (the template may move them)
+            indices = [next_media + j for j in layout.media_order or range(len(parts) // 2)]
             for k, part in enumerate(parts):
                 if k % 2 == 1:  # a placeholder
-                    index = next_media
-                    if layout.media_order:  # the template moved this turn's media
-                        index = first_media + layout.media_order[next_media - first_media]
+                    index = indices[k // 2]
                     plan = plans[index]
                     shape = (
                         self.profile.template_layout(plan.kind)
@@ -223,7 +222,7 @@ class SampleTokenizer:
                         pieces.append(Piece(part, supervised=sup, turn=t))
                 elif part[:1].isspace():  # may merge with the header's newline: encode together
                     pieces.append(Piece(header + part, supervised=sup, turn=t, quiet=((0, len(header)),)))
-                elif not part and len(parts) > 1 and self._starts_with_text(plans[next_media], as_template):
+                elif not part and len(parts) > 1 and self._starts_with_text(plans[indices[0]], as_template):
                     # the media item's leading text (Gemma 3's newlines) joins the header
                     pieces.append(Piece(header, turn=t, quiet=((0, len(header)),)))
                 else:
