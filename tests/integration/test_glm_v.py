@@ -208,3 +208,24 @@ def test_validate_accepts_the_shards(spark, glm):
     summary = validate.run(spark, run.ctx)
     assert summary["ok"], summary["problems"]
     assert summary["source"]["rows"] == summary["samples"] + summary["skipped"]
+
+
+def test_megatron_thd_batches_carry_each_samples_positions_and_the_towers_inputs(micro_batches):
+    """``loader.megatron``: a GLM-V bin (GLM's attention is causal: nothing is refused) becomes a
+    THD batch whose three position rows are each sample's mRoPE, moved to its padded place, and
+    whose vision inputs are the torch loader's (videos as images)."""
+    from loader.megatron import megatron_batch
+
+    batches, _ = micro_batches("glm4v_moe")
+    (item,) = batches[1]  # the bin with a sample holding images and a video
+    torch_batch = collate_packed([item])
+    thd = megatron_batch(item, cp_size=2)
+    params = thd["packed_seq_params"]
+    real, padded = params.cu_seqlens_q.tolist(), params.cu_seqlens_q_padded.tolist()
+    for i in range(len(real) - 1):
+        n = real[i + 1] - real[i]
+        mine = thd["position_ids"][:, 0, padded[i] : padded[i] + n]
+        assert torch.equal(mine, torch_batch["position_ids"][1:, 0, real[i] : real[i + 1]])
+    for key in ("pixel_values", "image_grid_thw"):
+        assert torch.equal(thd[key], torch_batch[key])
+    assert "pixel_values_videos" not in thd
