@@ -74,7 +74,6 @@ class GlmV(Qwen3VL):
         "video": MediaTokens(("<|begin_of_video|>",), "<|image|>", ("<|end_of_video|>",)),
     }
     template_tokens: ClassVar[dict[str, str]] = {"video": "<|video|>"}
-    frame_tokens = ("<|begin_of_image|>", "<|end_of_image|>")
 
     def plan_image(self, width: int, height: int) -> MediaPlan:
         cfg, t = self.settings["image"], self.temporal_patch_size
@@ -125,12 +124,12 @@ class GlmV(Qwen3VL):
     def media_layout(self, plan: MediaPlan) -> list[LayoutElement]:
         if plan.kind != "video":
             return super().media_layout(plan)
-        start, end = self.frame_tokens
-        tokens = self.media_tokens["video"]
+        frame, tokens = self.media_tokens["image"], self.media_tokens["video"]  # each frame an image block
         per_frame = plan.num_tokens // plan.grid[0]
         inner: list[LayoutElement] = []
         for stamp in plan.timestamps:
-            inner += [("token", start), ("pad", per_frame), ("token", end), ("text", self.frame_label(stamp))]
+            inner += [("token", frame.before[0]), ("pad", per_frame), ("token", frame.after[0])]
+            inner.append(("text", self.frame_label(stamp)))
         return [("token", tokens.before[0]), *inner, ("token", tokens.after[0])]
 
     def template_layout(self, kind: str) -> list[LayoutElement]:
@@ -144,9 +143,6 @@ class GlmV(Qwen3VL):
             ("token", self.template_tokens["video"]),
             ("token", tokens.after[0]),
         ]
-
-    def special_tokens(self) -> set[str]:
-        return super().special_tokens() | set(self.frame_tokens)
 
     @classmethod
     def idle_media(cls, config: Any) -> list[IdleMedia]:

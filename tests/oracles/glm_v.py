@@ -66,7 +66,7 @@ def reference(model_dir: Path, tokenizer, sample: dict, videos) -> dict[str, Any
     if processed is not None:
         out["image_grid_thw"] = [[int(x) for x in g] for g in processed["image_grid_thw"]]
         out["pixel_values"] = [np.asarray(processed["pixel_values"])]
-    replacements, items, image_row = [], [], 0
+    replacements, items, image_row, image_grids = [], [], 0, iter(out["image_grid_thw"])
     for m in sample["media"]:  # in token order
         if m["kind"] == "video":
             video = videos(m)
@@ -76,7 +76,7 @@ def reference(model_dir: Path, tokenizer, sample: dict, videos) -> dict[str, Any
             t, h, w = video["grid"]
             items.append(("video", np.asarray(video["pixels"]), [[1, h, w]] * t))
         else:
-            t, h, w = out["image_grid_thw"][len([i for i in items if i[0] == "image"])]
+            t, h, w = next(image_grids)
             rows = out["pixel_values"][0][image_row : image_row + t * h * w]
             items.append(("image", rows, [[1, h, w]]))
             image_row += t * h * w
