@@ -214,7 +214,7 @@ def _device_name() -> str:
 # tests/models/build.py): Qwen3.5 only where flash-linear-attention and causal-conv1d are installed
 FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "llava_onevision", "gemma3",
-    "glm4v", "glm4v_moe",
+    "gemma4", "gemma4_moe", "glm4v", "glm4v_moe",
 )  # fmt: skip
 FAMILY_BUDGET = {"internvl": 2048, "llava_onevision": 2048}  # a tile is 256 tokens; the rest 1,024
 

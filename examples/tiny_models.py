@@ -101,6 +101,42 @@ GLM_MOE = {  # GLM-4.5V's MoE shape: one dense layer first, a shared expert, top
 }
 
 
+GEMMA4_IDS = {
+    "image_token_id": 258880,
+    "video_token_id": 258884,
+    "audio_token_id": 258881,
+    "boi_token_id": 255999,
+    "eoi_token_id": 258882,
+    "boa_token_id": 256000,
+    "eoa_token_index": 258883,
+}
+GEMMA4_TEXT = {
+    "model_type": "gemma4_text",
+    **TEXT,
+    "vocab_size": 262144,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "sliding_window": 64,
+    "global_head_dim": 16,
+    "num_global_key_value_heads": 1,
+    "attention_k_eq_v": True,
+    "hidden_size_per_layer_input": 0,
+    "use_bidirectional_attention": "vision",
+}
+GEMMA4_VISION = {
+    "model_type": "gemma4_vision",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "position_embedding_size": 10240,
+    "standardize": True,
+}
+
+
 def _rope(section: list[int], **extra: Any) -> dict[str, Any]:
     return {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section, **extra}
@@ -224,6 +260,24 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "image_token_index": 262144,
         "boi_token_index": 255999,
         "eoi_token_index": 256000,
+    },
+    # Gemma 4 (gemma-4-31B-it's layout): the Gemma 4 ids in Gemma 3's 262144-row vocabulary, a
+    # sliding-window layer (a window shorter than an image's sample) and a full-attention layer with
+    # keys as values and a head dim of its own, image blocks bidirectional on sliding layers only
+    # ("vision"), no per-layer inputs; its tower: patch 16, 3 × 3 pooling, standardized outputs
+    "gemma4": {"text_config": GEMMA4_TEXT, "vision_config": GEMMA4_VISION, **GEMMA4_IDS},
+    # gemma-4-26B-A4B-it's: the same with a mixture of experts beside every layer's MLP
+    "gemma4_moe": {
+        "model_type": "gemma4",
+        "text_config": {
+            **GEMMA4_TEXT,
+            "enable_moe_block": True,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 16,
+        },
+        "vision_config": GEMMA4_VISION,
+        **GEMMA4_IDS,
     },
     # GLM-V: GLM-4.5V's rotary layout (half the head dim rotated, mRoPE sections t, h, w), GLM-4.5's
     # vocabulary (151552 rows); GLM-OCR: its whole head dim rotated, its 59392-row vocabulary

@@ -63,17 +63,19 @@ def block_diagonal_mask(
 
 
 def media_block_masks(
-    cu_seqlens: torch.Tensor, media_tokens: torch.Tensor, sliding_window: int
+    cu_seqlens: torch.Tensor, media_tokens: torch.Tensor, sliding_window: int, on_global_layers: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Gemma 3's attention masks of a packed row, by layer type: [1, 1, T, T] bool, True where a
-    query may attend a key (what transformers builds for SDPA; ``model_masks`` gives other
-    attentions theirs). A query sees a key of its own sample that is not after it, or any key
-    of its own image (a run of ``media_tokens``: bidirectional); ``sliding_attention`` also
-    needs the key within ``sliding_window`` tokens before the query (transformers'
-    ``sliding_window_overlay``: key > query - window).
+    """The attention masks of a packed row whose image tokens attend within their image, by
+    layer type: [1, 1, T, T] bool, True where a query may attend a key (what transformers builds
+    for SDPA; ``model_masks`` gives other attentions theirs). A query sees a key of its own
+    sample that is not after it, or any key of its own image (a run of ``media_tokens``:
+    bidirectional); ``sliding_attention`` also needs the key within ``sliding_window`` tokens
+    before the query (transformers' ``sliding_window_overlay``: key > query - window). Gemma 3
+    has the image blocks on every layer; Gemma 4 (``on_global_layers=False``) on sliding layers
+    only, its full-attention layers causal (``create_masks_for_vision_model``).
 
-    transformers 5.24 builds the full-attention mask of a packed row right, but remaps its
-    sliding layers' image blocks by position ids, so every sample after the first gets the
+    transformers 5.24 builds the full-attention mask of a packed Gemma 3 row right, but remaps
+    its sliding layers' image blocks by position ids, so every sample after the first gets the
     first sample's blocks (tests/integration/test_gemma3.py shows it); these masks are what it
     builds for each sample alone, side by side."""
     total = int(cu_seqlens[-1])
@@ -82,28 +84,37 @@ def media_block_masks(
     starts = media_tokens & ~torch.nn.functional.pad(media_tokens[:-1], (1, 0), value=False)
     block = torch.where(media_tokens, torch.cumsum(starts, 0), 0)  # 0: not an image token
     index = torch.arange(total)
-    allowed = (sample[:, None] == sample[None, :]) & (
-        (index[None, :] <= index[:, None]) | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
-    )
-    full = allowed[None, None]
-    if int(lengths.max()) <= sliding_window:  # no sample reaches past its window: the same mask
-        return {"full_attention": full, "sliding_attention": full}
-    near = index[None, :] > index[:, None] - sliding_window
-    return {"full_attention": full, "sliding_attention": (allowed & near)[None, None]}
+    same = sample[:, None] == sample[None, :]
+    causal = same & (index[None, :] <= index[:, None])
+    allowed = causal | (same & (block[:, None] == block[None, :]) & (block[:, None] > 0))
+    full = (allowed if on_global_layers else causal)[None, None]
+    if int(lengths.max()) <= sliding_window:  # no sample reaches past its window
+        sliding = allowed[None, None]
+    else:
+        sliding = (allowed & (index[None, :] > index[:, None] - sliding_window))[None, None]
+    return {"full_attention": full, "sliding_attention": sliding}
 
 
 def model_masks(
-    masks: dict[str, torch.Tensor], attn_implementation: str, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
+    masks: dict[str, torch.Tensor],
+    attn_implementation: str,
+    dtype: torch.dtype,
+    on_global_layers: bool = True,
+) -> dict[str, torch.Tensor | None]:
     """``media_block_masks`` in the form ``attn_implementation`` takes, as transformers builds
     them: bool for SDPA, additive in the model's ``dtype`` (0 or its minimum) for eager. (A
-    float32 additive mask handed to SDPA with a bf16 model gave NaN on CUDA.) An attention that
-    takes no mask (flash-attn, ``mmpack_varlen``) or another form cannot keep the image blocks
-    bidirectional: refused."""
+    float32 additive mask handed to SDPA with a bf16 model gave NaN on CUDA.) Under
+    ``mmpack_varlen``, layers whose masks are causal only (Gemma 4's full-attention layers:
+    ``on_global_layers=False``) take none and run the varlen kernel; the sliding layers keep
+    their bool masks (``varlen_attention_forward`` runs SDPA on them). Another attention that
+    takes no mask (flash-attn), or ``mmpack_varlen`` with image blocks on every layer (Gemma 3),
+    cannot keep the image blocks bidirectional: refused."""
     if attn_implementation == "sdpa":
         return dict(masks)
     if attn_implementation == "eager":
         return {kind: _additive(mask, dtype) for kind, mask in masks.items()}
+    if attn_implementation == VARLEN and not on_global_layers:
+        return {kind: None if kind == "full_attention" else mask for kind, mask in masks.items()}
     raise PackingUnsupported(
         f"packed batches whose image tokens attend within their image (Gemma 3) need attention masks: "
         f"attn_implementation={attn_implementation!r} cannot take mmpack's; use 'sdpa' or 'eager'"
@@ -111,14 +122,16 @@ def model_masks(
 
 
 def with_model_masks(batch: Any, model: torch.nn.Module) -> Any:
-    """``batch`` with its attention masks (Gemma 3: ``attention_mask`` by layer type) in the form
-    ``model``'s text attention takes (``model_masks``); a batch without masks as it is."""
+    """``batch`` with its attention masks (Gemma 3 and 4: ``attention_mask`` by layer type) in the
+    form ``model``'s text attention takes (``model_masks``); a batch without masks as it is."""
     masks = batch.get("attention_mask") if isinstance(batch, dict) else None
     if not isinstance(masks, dict):
         return batch
     model = getattr(model, "module", model)  # DDP
     config = getattr(model.config, "text_config", None) or model.config
-    converted = model_masks(masks, config._attn_implementation, model.dtype)
+    family = _family(model.config.model_type)
+    on_global = family.media_blocks_on_global_layers if family is not None else True
+    converted = model_masks(masks, config._attn_implementation, model.dtype, on_global)
     out = type(batch)({**batch, "attention_mask": converted})
     if hasattr(batch, "meta"):
         out.meta = dict(batch.meta)
@@ -260,12 +273,25 @@ def varlen_attention_forward(
     per row: the text's boundaries passed on to it do not apply. GQA, causal sliding windows (W
     keys: window (W - 1, 0)). What the kernel cannot do exactly is refused (``PackingUnsupported``)."""
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    if _is_block_mask(attention_mask, query):  # mmpack's own (model_masks): exact under SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout, scaling, is_causal=False
+        )
     _refuse_inexact(query, key, attention_mask, dropout, softcap, sliding_window, causal)
     rows, _, length, _ = query.shape
     device = query.device
     cu, longest = _sequences(kwargs, rows, length, device) if causal else _rows(rows, length, device)
     window = (sliding_window - 1, 0) if sliding_window else CAUSAL if causal else BIDIRECTIONAL
     return _attend(query, key, value, cu, longest, scaling, window), None
+
+
+def _is_block_mask(mask: torch.Tensor | None, query: torch.Tensor) -> bool:
+    """Whether ``mask`` is a [1, 1, T, T] bool mask of the whole row: what ``model_masks`` leaves a
+    Gemma 4 sliding layer under mmpack_varlen (transformers' own masks for it are 2-D or None)."""
+    length = query.shape[2]
+    return mask is not None and mask.dtype == torch.bool and tuple(mask.shape) == (1, 1, length, length)
 
 
 def vision_varlen_attention_forward(
@@ -326,8 +352,8 @@ def _refuse_inexact(
     problem = None
     if attention_mask is not None:
         problem = (
-            "the batch carries an attention mask (padding, or Gemma 3's bidirectional image blocks), "
-            "which a varlen kernel cannot apply: use attn_implementation='sdpa' (or 'eager')"
+            "the batch carries a padding mask (or a mask not of mmpack's bool form), which a varlen "
+            "kernel cannot apply: use attn_implementation='sdpa' (or 'eager')"
         )
     elif dropout:
         problem = f"attention dropout {dropout} (the kernel has none): set attention_dropout=0 or use 'sdpa'"
@@ -428,12 +454,15 @@ def use_attention(model: torch.nn.Module, requested: str = "auto") -> str:
     flash-attn name (``Family.vision_varlen_config``: Qwen-VL) gets ``VISION_VARLEN``, so each
     layer attends over all of a batch's images in one kernel call."""
     name = choose_attention(requested, model.config.model_type, model.dtype)
-    vision = _vision_config_key(model.config.model_type) if name == VARLEN else None
-    if vision is None:
+    family = _family(model.config.model_type)
+    vision = family.vision_varlen_config if family is not None and name == VARLEN else None
+    padded = family.padded_vision_config if family is not None and name == VARLEN else None
+    if vision is None and padded is None:
         model.set_attn_implementation(name)
         return name
     # every sub-config named: a dict's sub-configs otherwise keep what they had
-    implementation = {"": name, **{key: name for key in model.config.sub_configs}, vision: VISION_VARLEN}
+    implementation = {"": name, **{key: name for key in model.config.sub_configs}}
+    implementation.update({vision: VISION_VARLEN} if vision else {padded: "sdpa"})
     model.set_attn_implementation(implementation)
     return name
 
@@ -449,9 +478,3 @@ def _takes_masks(model_type: str | None) -> bool:
     """Whether packed batches of ``model_type``'s family carry attention masks."""
     family = _family(model_type)
     return family is not None and family.bidirectional_media
-
-
-def _vision_config_key(model_type: str | None) -> str | None:
-    """The sub-config of ``model_type``'s vision tower that attends image by image unless told flash."""
-    family = _family(model_type)
-    return family.vision_varlen_config if family is not None else None

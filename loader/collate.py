@@ -27,6 +27,9 @@ VISION_INPUTS = (  # concatenated across bins in order
     "video_grid_thw",
     "image_sizes",  # LLaVA-OneVision
     "batch_num_images",
+    "image_position_ids",  # Gemma 4
+    "video_position_ids",
+    "num_frames_per_video",
 )
 
 
@@ -122,10 +125,12 @@ def collate_packed(
         parts = [b[key] for b in items if key in b]
         if parts:
             inputs[key] = torch.cat(parts)
-    if "media_token_mask" in items[0]:  # Gemma 3: image tokens attend within their image
+    if "media_token_mask" in items[0]:  # Gemma 3 and 4: image tokens attend within their image
         media = torch.cat([b["media_token_mask"] for b in items])
         media = torch.cat([media, torch.zeros(len(ids) - len(media), dtype=torch.bool)])  # the padding
-        inputs["attention_mask"] = attention.media_block_masks(cu, media, items[0]["sliding_window"])
+        inputs["attention_mask"] = attention.media_block_masks(
+            cu, media, items[0]["sliding_window"], items[0].get("global_media_blocks", True)
+        )
     if "seq_idx" in items[0]:  # linear-attention layers: the sample of every token, across bins
         inputs["seq_idx"] = _seq_idx(items, pad_to - total if pad_to is not None else 0)
     sequences, pairs = _samples_and_pairs(items)
@@ -155,6 +160,7 @@ def collate_packed(
     }
     if "media_token_mask" in items[0]:
         meta["sliding_window"] = items[0]["sliding_window"]
+        meta["global_media_blocks"] = items[0].get("global_media_blocks", True)
     spans = [b["second_per_grid_ts"] for b in items if "second_per_grid_ts" in b]
     if spans:  # per video, in order (Qwen2.5-VL's time positions are already in position_ids)
         meta["second_per_grid_ts"] = torch.cat(spans)
@@ -229,7 +235,8 @@ def normalize_pixel_values(
     """What the model takes from ``PackedDataset(pixel_dtype="uint8")`` pixels: ``(x / 255 -
     mean) / std`` per channel, on the tensor's device (one fused pass on the accelerator).
     2-D: Qwen-VL patches [rows, 3 · 2 · p²] (default mean/std: CLIP's, Qwen2-VL's; a batch's
-    ``meta["pixel_norm"][key]`` holds its profile's); 4-D: InternVL tiles (ImageNet).
+    ``meta["pixel_norm"][key]`` holds its profile's); 3-D: Gemma 4's patch rows of p · p · 3
+    values, channel last (default: none, [0, 1]); 4-D: InternVL tiles (ImageNet).
     Other dtypes are returned as they are::
 
         key, norm = "pixel_values", batch.meta["pixel_norm"]["pixel_values"]
@@ -244,6 +251,13 @@ def normalize_pixel_values(
             torch.tensor(v if v is not None else d, dtype=torch.float32, device=device)[channel]
             for v, d in ((mean, vision.CLIP_MEAN), (std, vision.CLIP_STD))
         )
+    elif pixels.ndim == 3:
+        mean_, std_ = (
+            torch.tensor(v if v is not None else d, dtype=torch.float32, device=device)
+            for v, d in ((mean, (0.0,) * 3), (std, (1.0,) * 3))
+        )
+        rows = pixels.to(torch.float32).view(*pixels.shape[:-1], -1, 3)
+        return ((rows * (1 / 255) - mean_) / std_).view(pixels.shape).to(dtype)
     else:
         mean_, std_ = (
             torch.tensor(v if v is not None else d, dtype=torch.float32, device=device).view(1, 3, 1, 1)

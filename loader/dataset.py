@@ -385,11 +385,20 @@ class Bins:
             if self.pixels is not None:
                 item.update(_qwen_pixels(media, self.family, storage, self.pixels))
         elif media:
-            inputs = {"tiles": _internvl_media, "anyres": _llava_onevision_media, "squares": _square_media}
+            inputs = {
+                "tiles": _internvl_media,
+                "anyres": _llava_onevision_media,
+                "squares": _square_media,
+                "soft_patches": _soft_patches_media,
+            }
             item.update(inputs[self.family.pixel_layout](media, self.family, storage, self.pixels))
-        if self.family.bidirectional_media:  # what collate_packed builds the attention masks from
-            item["media_token_mask"] = ids == self.profile["image_token_id"]
+        if self.family.blocks_media:  # what collate_packed builds the attention masks from
+            media_ids = [
+                self.profile[key] for key in ("image_token_id", "video_token_id") if key in self.profile
+            ]
+            item["media_token_mask"] = torch.isin(ids, torch.tensor(media_ids))
             item["sliding_window"] = self.profile["sliding_window"]
+            item["global_media_blocks"] = self.family.media_blocks_on_global_layers
         return item
 
 
@@ -513,6 +522,42 @@ def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels
     out: dict[str, Any] = {"pixel_values": _handed_over(pixels, squares, norm, axis=1)}
     if pixels.computed == "uint8":  # normalized on the device (normalize_pixel_values)
         out["pixel_norm"] = {"pixel_values": norm}
+    return out
+
+
+ZERO_ONE = (np.zeros(3, np.float32), np.ones(3, np.float32))  # Gemma 4's pixels: x / 255, no mean/std
+
+
+def _soft_patches_media(
+    media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels
+) -> dict[str, Any]:
+    """Gemma 4's inputs: every image's (video frame's) patches as rows of p · p · 3 values in [0,
+    1], padded with zeros to its kind's budget of patches, and each patch's (x, y) (-1: padding):
+    ``pixel_values`` + ``image_position_ids`` [images, patches, …], ``pixel_values_videos`` +
+    ``video_position_ids`` [frames, patches, …] and ``num_frames_per_video``."""
+    out: dict[str, Any] = {}
+    for kind, pixels_key, positions_key in (
+        ("image", "pixel_values", "image_position_ids"),
+        ("video", "pixel_values_videos", "video_position_ids"),
+    ):
+        items = [m for m in media if m["kind"] == kind]
+        if not items:
+            continue
+        cfg = family.settings[kind]
+        budget = cfg["max_soft_tokens"] * cfg["pooling_kernel_size"] ** 2
+        frames = [vision.soft_patches8(_frames(m, storage), m, cfg["patch_size"], budget) for m in items]
+        patches = np.concatenate([f for f, _ in frames])
+        if pixels.computed == "uint8":
+            out[pixels_key] = pixels.tensor(patches)
+        else:  # x / 255 (the profile's mean 0, std 1), channel last
+            scaled = vision.normalize(patches.reshape(*patches.shape[:-1], -1, 3), *ZERO_ONE, axis=-1)
+            out[pixels_key] = pixels.tensor(scaled.reshape(patches.shape))
+        out[positions_key] = torch.from_numpy(np.concatenate([p for _, p in frames]))
+        if kind == "video":
+            out["num_frames_per_video"] = torch.tensor([len(f) for f, _ in frames])
+    if pixels.computed == "uint8":  # rescaled on the device (normalize_pixel_values)
+        keys = ("pixel_values", "pixel_values_videos")
+        out["pixel_norm"] = {key: tuple(v.tolist() for v in ZERO_ONE) for key in keys if key in out}
     return out
 
 

@@ -31,9 +31,10 @@ boundaries. The conventions followed (docs/megatron.md names the source lines):
   ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``, ...).
 
 A bin Megatron's causal THD attention cannot reproduce is refused (``PackingUnsupported``):
-Gemma 3's images attend within themselves in both directions, and Qwen3.5's linear-attention
-layers need each token's sample (``seq_idx``), which megatron-core 0.16's ``PackedSeqParams``
-does not carry. megatron-core is imported on first use (``pip install 'mmpack[megatron]'``).
+Gemma 3's images (Gemma 4's, on its sliding layers) attend within themselves in both
+directions, and Qwen3.5's linear-attention layers need each token's sample (``seq_idx``),
+which megatron-core 0.16's ``PackedSeqParams`` does not carry. megatron-core is imported on
+first use (``pip install 'mmpack[megatron]'``).
 """
 
 from __future__ import annotations
@@ -125,9 +126,9 @@ def megatron_batch(
 
 
 UNEXPRESSIBLE = {  # a family property → why Megatron's causal THD attention would not train it exactly
-    "bidirectional_media": "Gemma 3 bins: each image's tokens attend to each other in both directions, and "
-    "Megatron-Core's THD attention is causal within a sample; train Gemma 3 packs with the torch "
-    "loader (collate_packed builds its masks)",
+    "bidirectional_media": "Gemma 3 and Gemma 4 bins: each image's tokens attend to each other in both "
+    "directions (Gemma 4: on its sliding layers), and Megatron-Core's THD attention is causal within a "
+    "sample; train them with the torch loader (collate_packed builds their masks)",
     "linear_attention": "Qwen3.5 bins: its linear-attention layers need each token's sample (seq_idx) to "
     "restart at sample boundaries, and megatron-core's PackedSeqParams does not carry it; train "
     "Qwen3.5 packs with the torch loader",

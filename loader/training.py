@@ -190,12 +190,17 @@ def _append_idle_sample(inputs: dict[str, Any], token_id: int, tokens: int, meta
 
 
 def _with_media_block(masks: dict[str, torch.Tensor], tokens: int, meta: dict[str, Any]) -> dict:
-    """Gemma 3's bool masks with one more sample: a whole image of ``tokens`` tokens."""
+    """Gemma 3's (4's) bool masks with one more sample: a whole image of ``tokens`` tokens."""
     if any(mask.dtype != torch.bool for mask in masks.values()):
         raise ValueError("add idle media before converting the masks for the model (with_model_masks)")
     device = next(iter(masks.values())).device
     cu = torch.tensor([0, tokens], dtype=torch.int32)
-    idle = attention.media_block_masks(cu, torch.ones(tokens, dtype=torch.bool), meta["sliding_window"])
+    idle = attention.media_block_masks(
+        cu,
+        torch.ones(tokens, dtype=torch.bool),
+        meta["sliding_window"],
+        meta.get("global_media_blocks", True),
+    )
     out = {}
     for kind, mask in masks.items():
         length = mask.shape[-1]

@@ -259,6 +259,26 @@ def normalize_qwen_patches(patches: np.ndarray, mean=CLIP_MEAN, std=CLIP_STD) ->
     return _scaled(patches, mean[channel], std[channel])
 
 
+def soft_patches8(
+    frames: list[Image.Image], item: dict, patch: int, budget: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gemma 4's patches of one image or video: ([frames, budget, p · p · 3] uint8, [frames,
+    budget, 2] int64): each frame resized to the item's size (an image with PIL, video frames as
+    its video processor does), cut into p × p patches row by row, each patch's values (row,
+    column, channel) in a row, zero rows after the last patch; its (x, y) positions, -1 there."""
+    height, width = item["resized_height"], item["resized_width"]
+    resize = resized_video_rgb8 if item["kind"] == "video" else resized_rgb8
+    rgb = resize(frames, height, width)  # [F, H, W, 3]
+    count, rows, cols = len(rgb), height // patch, width // patch
+    grid = rgb.reshape(count, rows, patch, cols, patch, 3).transpose(0, 1, 3, 2, 4, 5)
+    patches = np.zeros((count, budget, patch * patch * 3), np.uint8)
+    patches[:, : rows * cols] = grid.reshape(count, rows * cols, -1)
+    positions = np.full((count, budget, 2), -1, np.int64)
+    y, x = np.divmod(np.arange(rows * cols), cols)
+    positions[:, : rows * cols] = np.stack([x, y], axis=-1)
+    return patches, positions
+
+
 def internvl_tiles(
     frames: list[Image.Image],
     item: dict,

@@ -485,6 +485,8 @@ class BalanceConfig(Section):
             "internvl_chat": _seven_b_llm(1.8e9, 2.95e5),  # the same tower
             "llava_onevision": _seven_b_llm(2.4e9, 3.7e5),  # SigLIP so400m (27 × 1152)
             "gemma3": _seven_b_llm(2.4e9, 3.7e5),  # SigLIP so400m (27 × 1152), 896 px
+            # Gemma 4's vision encoder (16 × 768, ~0.15 B: Gemma4VisionConfig's defaults)
+            "gemma4": _seven_b_llm(9.1e8, 1.5e5),
             # GLM-4.1V-9B: a 9 B LLM (40 × 4096) and its ~0.7 B ViT (24 × 1536)
             "glm4v": CostModelConfig(llm_token=5.4e10, llm_pair=9.8e5, vision_patch=4.1e9, vision_pair=4.4e5),
         },
@@ -496,6 +498,7 @@ Number = Annotated[int | float, _rule("must be a positive number", _positive)]
 CHAT_MODES = (
     "chatml",
     "gemma3",
+    "gemma4",
     "glm4v",
     "glm45v",
     "glm41v",
@@ -817,6 +820,62 @@ class Gemma3Profile(ProfileSection):
     )
 
 
+SOFT_TOKEN_BUDGETS = ("70", "140", "280", "560", "1120")  # Gemma 4's processors: _SUPPORTED_SOFT_TOKENS
+
+
+def _soft_tokens(value: Any) -> int:
+    if isinstance(value, bool) or str(value) not in SOFT_TOKEN_BUDGETS:
+        raise ValueError
+    return int(value)
+
+
+SoftTokens = Annotated[int, _rule(f"must be one of {', '.join(SOFT_TOKEN_BUDGETS)}", _soft_tokens)]
+
+
+class Gemma4Image(Section):
+    max_soft_tokens: SoftTokens = Field(
+        280,
+        description="most soft tokens per image (the aspect-kept resize's budget: max_soft_tokens × 9 "
+        "patches)",
+    )
+    patch_size: PositiveInt = Field(16, description="vision patch side in pixels")
+    pooling_kernel_size: PositiveInt = Field(3, description="patches pooled into one soft token, per side")
+
+
+class Gemma4Video(Gemma4Image):
+    max_soft_tokens: SoftTokens = Field(70, description="most soft tokens per video frame")
+    num_frames: PositiveInt = Field(
+        32, description="frames sampled uniformly per video (clips with fewer frames are refused)"
+    )
+
+
+class Gemma4Profile(ProfileSection):
+    """Gemma 4 in transformers (E2B, E4B, 26B-A4B, 31B): aspect-kept images of up to 280 soft
+    tokens, videos of timestamped frames, no audio."""
+
+    kind: Literal["gemma4"] = Field("gemma4", description="which model family the profile describes")
+    default_system: str = Field("", description="system prompt of samples that have none (empty: none)")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("gemma4", description="how turns render")
+    image: Gemma4Image = Gemma4Image()
+    video: Gemma4Video = Gemma4Video()
+    image_token_id: PositiveInt = Field(
+        258880, description="id of the image token (config.json image_token_id)"
+    )
+    video_token_id: PositiveInt = Field(
+        258884, description="id of the video token (config.json video_token_id)"
+    )
+    sliding_window: PositiveInt = Field(
+        1024,
+        description="tokens a sliding-attention layer sees (config.json text_config.sliding_window): the "
+        "loader's masks of packed batches",
+    )
+    bidirectional_media: Flag = Field(
+        True,
+        description="image and video tokens attend within their image on sliding layers "
+        '(text_config.use_bidirectional_attention: "vision"): the loader\'s masks of packed batches',
+    )
+
+
 ProfileConfig = Annotated[
     Qwen2VLProfile
     | Qwen25VLProfile
@@ -826,6 +885,7 @@ ProfileConfig = Annotated[
     | InternVLChatProfile
     | LlavaOnevisionProfile
     | Gemma3Profile
+    | Gemma4Profile
     | GlmVProfile,
     Field(discriminator="kind"),
 ]
@@ -839,6 +899,7 @@ PROFILE_KINDS = (
     "internvl_chat",
     "llava_onevision",
     "gemma3",
+    "gemma4",
     "glm4v",
 )
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
@@ -850,6 +911,7 @@ PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "internvl_chat": InternVLChatProfile,
     "llava_onevision": LlavaOnevisionProfile,
     "gemma3": Gemma3Profile,
+    "gemma4": Gemma4Profile,
     "glm4v": GlmVProfile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
@@ -897,6 +959,7 @@ class Config(Section):
             "internvl_chat": InternVLChatProfile(),
             "llava_onevision": LlavaOnevisionProfile(),
             "gemma3": Gemma3Profile(),
+            "gemma4": Gemma4Profile(),
             "glm4v": GlmVProfile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "

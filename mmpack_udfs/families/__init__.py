@@ -12,6 +12,7 @@ from typing import Any
 
 from mmpack_udfs.families.base import ChatFormat, Family, MediaPlan, MediaTokens
 from mmpack_udfs.families.gemma3 import Gemma3
+from mmpack_udfs.families.gemma4 import Gemma4
 from mmpack_udfs.families.glm_v import GlmV
 from mmpack_udfs.families.internvl import InternVL, InternVLChat
 from mmpack_udfs.families.llava_onevision import LlavaOnevision
@@ -26,6 +27,7 @@ FAMILIES: dict[str, type[Family]] = {
     "internvl_chat": InternVLChat,
     "llava_onevision": LlavaOnevision,
     "gemma3": Gemma3,
+    "gemma4": Gemma4,
     "glm4v": GlmV,
 }
 
@@ -39,6 +41,7 @@ MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
     "internvl": "internvl",
     "llava_onevision": "llava_onevision",
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
     "glm4v": "glm4v",
     "glm4v_moe": "glm4v",
     "glm46v": "glm4v",

@@ -118,13 +118,18 @@ class Family:
     # vision tower's attention too, which would apply the text's boundaries to the image patches
     boundary_kwargs = True
     bos_tokens: tuple[str, ...] = ()  # tokens its chat template starts every conversation with
-    # whether its image tokens attend to each other within an image (Gemma 3): the loader then
-    # builds the attention masks of packed batches itself (loader.collate)
+    # whether its image tokens attend to each other within an image (Gemma 3; Gemma 4 where its
+    # config says so: ``blocks_media``): the loader then builds the attention masks of packed
+    # batches itself (loader.collate)
     bidirectional_media = False
+    media_blocks_on_global_layers = True  # Gemma 3: on every layer; Gemma 4: sliding layers only
     # the sub-config of a vision tower that transformers runs one image per attention call unless
     # the attention's name reads as flash-attn's (Qwen-VL's VisionAttention): under mmpack_varlen it
     # gets loader.attention.VISION_VARLEN, one varlen call per layer for all of a batch's images
     vision_varlen_config: str | None = None
+    # the sub-config of a vision tower that attends over padded patches with a mask (Gemma 4): it
+    # keeps SDPA under mmpack_varlen (loader.attention.use_attention)
+    padded_vision_config: str | None = None
     # whether ``mmpack export rl`` counts its RL prompts exactly: the generation prompt its chat
     # template adds is the header of an assistant turn, checked against its processor
     # (tests/mmpack_udfs/export/test_rl.py); other families' exports are refused
@@ -136,6 +141,13 @@ class Family:
         self.default_system: str | None = settings.get("default_system") or None
         self.renderer = CHAT_RENDERERS[settings.get("chat", "chatml")]
         self._plans: dict[tuple, MediaPlan] = {}
+
+    @property
+    def blocks_media(self) -> bool:
+        """Whether this profile's packed batches carry media block masks: a family whose image
+        tokens attend within their image, unless the profile turns that off (Gemma 4 checkpoints
+        without ``use_bidirectional_attention``)."""
+        return self.bidirectional_media and bool(self.settings.get("bidirectional_media", True))
 
     def special_tokens(self) -> set[str]:
         """Every token the family inserts by id: its chat format's, its renderer's and its

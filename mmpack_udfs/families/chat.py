@@ -22,6 +22,10 @@ refused). The renderers:
 - ``gemma3``: Gemma 3. ``<start_of_turn>{user|model}\n{content}<end_of_turn>\n``, every text
   part trimmed, a system prompt + two newlines at the head of the first user turn; turns must
   alternate user / model, user first (else the template raises: ``template_refuses``).
+- ``gemma4``: Gemma 4 (its template published 2026-07-09). ``<|turn>{user|model}\n{content}<turn|>\n``,
+  every text part trimmed, media as their bare tokens, a system prompt as a trimmed system turn;
+  tool turns (which its template skips without a tool call) and consecutive model turns (which
+  it merges) are refused (``template_refuses``).
 - ``glm4v``: GLM-4.5V, GLM-4.6V, GLM-OCR. ``[gMASK]<sop>``, then ``<|system|>`` / ``<|user|>`` /
   ``<|assistant|>`` / ``<|observation|>`` + newline + content, no end token; an assistant turn is
   ``<think>{reasoning}</think>`` (reasoning only after the last user turn) + newline + its trimmed
@@ -143,6 +147,33 @@ class Gemma3(ChatML):
     def with_system(self, system: str, layouts: list[TurnLayout]) -> list[TurnLayout]:
         """The system prompt and two newlines at the head of the first turn (not trimmed)."""
         return [dataclasses.replace(layouts[0], body=system + "\n\n" + layouts[0].body), *layouts[1:]]
+
+
+class Gemma4(ChatML):
+    """Gemma 4 (its template of 2026-07-09): ``<|turn>{user|model}\n`` + trimmed text parts and
+    bare media tokens + ``<turn|>\n``; a system prompt is a trimmed system turn. Its template
+    skips a tool message that follows no tool call and merges consecutive model messages into
+    one turn: such samples are refused (``template_refuses``)."""
+
+    name = "gemma4"
+
+    def system(self, text: str) -> str:
+        return text.strip()
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        out = []
+        for turn in turns:
+            role = TEMPLATE_ROLE.get(turn["role"], turn["role"])
+            if role not in ("user", "assistant"):
+                raise Rejected(
+                    Reason.TEMPLATE_REFUSES, f"Gemma 4's template drops {role} turns without tool calls"
+                )
+            if role == "assistant" and out and out[-1].role == "model":
+                raise Rejected(Reason.TEMPLATE_REFUSES, "Gemma 4's template merges consecutive model turns")
+            parts = MEDIA_PLACEHOLDER.split(turn["text"])
+            body = "".join(part if k % 2 else part.strip() for k, part in enumerate(parts))
+            out.append(TurnLayout("model" if role == "assistant" else role, body))
+        return out
 
 
 class Qwen3(ChatML):
@@ -298,7 +329,7 @@ THINK_TAG = re.compile(f"({re.escape(THINK_OPEN)}|{re.escape(THINK_CLOSE)})")
 CHAT_RENDERERS: dict[str, ChatML] = {
     r.name: r
     for r in (
-        ChatML(), Gemma3(), Glm(), Glm45(), Glm41(), InternVL(), LlavaOnevision(), Qwen3(), Qwen3Thinking(),
-        Qwen35(),
+        ChatML(), Gemma3(), Gemma4(), Glm(), Glm45(), Glm41(), InternVL(), LlavaOnevision(), Qwen3(),
+        Qwen3Thinking(), Qwen35(),
     )
 }  # fmt: skip

@@ -386,6 +386,101 @@ def _gemma3_profile(path: str, source: str, kind: str, config: Mapping[str, Any]
     return profile
 
 
+# transformers' Gemma4ImageProcessor and Gemma4VideoProcessor class defaults (5.24): no mean/std
+# (pixels in [0, 1]; the video processor "normalizes" with mean 0 and std 1)
+GEMMA4_IMAGE_DEFAULTS = {
+    **SQUARE_PROCESSOR_DEFAULTS,
+    "image_mean": [0.0, 0.0, 0.0],
+    "image_std": [1.0, 1.0, 1.0],
+    "do_normalize": False,
+    "patch_size": 16,
+    "max_soft_tokens": 280,
+    "pooling_kernel_size": 3,
+}
+GEMMA4_VIDEO_DEFAULTS = {
+    **GEMMA4_IMAGE_DEFAULTS,
+    "do_normalize": True,
+    "max_soft_tokens": 70,
+    "num_frames": 32,
+    "fps": None,
+    "do_sample_frames": True,
+}
+GEMMA4_TOKENS = (  # config.json key -> the tokenizer's token
+    ("image_token_id", "<|image|>"),
+    ("video_token_id", "<|video|>"),
+    ("boi_token_id", "<|image>"),
+    ("eoi_token_id", "<image|>"),
+)
+GEMMA4_CLASSES = {  # the processor classes mmpack reproduces, by where a directory names them
+    "processor_class": ("Gemma4Processor",),
+    "image_processor_type": ("Gemma4ImageProcessor", "Gemma4ImageProcessorPil"),
+    "video_processor_type": ("Gemma4VideoProcessor",),
+}
+
+
+def _gemma4_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
+    """Gemma 4: the soft-token budgets, patch and pooling of the image and video processors
+    (preprocessor_config.json / video_preprocessor_config.json, or their sections of
+    processor_config.json) checked against the vision tower; frames sampled by ``num_frames``;
+    the token ids, the sliding window and ``use_bidirectional_attention`` from config.json. A
+    directory with an audio tower is read for its images and videos (audio is refused per
+    sample); ``use_bidirectional_attention: all`` is refused."""
+    files = {
+        "processor_class": _json(path, "processor_config.json") or {},
+        "image_processor_type": _processor_file(path, "preprocessor_config.json", "image_processor") or {},
+        "video_processor_type": _processor_file(path, "video_preprocessor_config.json", "video_processor")
+        or {},
+    }
+    for key, allowed in GEMMA4_CLASSES.items():
+        named = files[key].get(key)
+        if named is not None and named not in allowed:
+            raise ConfigError(
+                f"tokenize.model: {source}: {key} {named!r}; mmpack reproduces {' or '.join(allowed)}"
+            )
+    text = config.get("text_config") or {}
+    if text.get("use_bidirectional_attention") not in (None, "vision"):
+        raise ConfigError(
+            f"tokenize.model: {source}: text_config.use_bidirectional_attention "
+            f"{text['use_bidirectional_attention']!r}; mmpack packs Gemma 4 with causal text (null or "
+            "'vision')"
+        )
+    vision = config.get("vision_config") or {}
+    profile = PROFILE_MODELS[kind]().model_dump()
+    for kind_, defaults, file_key in (
+        ("image", GEMMA4_IMAGE_DEFAULTS, "image_processor_type"),
+        ("video", GEMMA4_VIDEO_DEFAULTS, "video_processor_type"),
+    ):
+        settings = {**defaults, **{k: v for k, v in files[file_key].items() if v is not None}}
+        where = f"the {kind_} processor"
+        if settings["do_normalize"] and (settings["image_mean"], settings["image_std"]) != (
+            [0.0] * 3,
+            [1.0] * 3,
+        ):
+            raise ConfigError(f"tokenize.model: {source}: {where} normalizes with a mean/std other than 0/1")
+        _refuse_other_processing({**settings, "do_normalize": True}, where, source)
+        for key in ("patch_size", "pooling_kernel_size"):
+            if key in vision and settings[key] != vision[key]:
+                raise ConfigError(
+                    f"tokenize.model: {source}: {where}'s {key} {settings[key]} is not the vision tower's "
+                    f"{vision[key]} (config.json vision_config)"
+                )
+        if kind_ == "video" and (settings["fps"] is not None or not settings["do_sample_frames"]):
+            raise ConfigError(
+                f"tokenize.model: {source}: {where} samples frames by fps or not at all; mmpack reproduces "
+                "Gemma 4's num_frames sampling (do_sample_frames true, no fps)"
+            )
+        picked = {k: settings[k] for k in ("max_soft_tokens", "patch_size", "pooling_kernel_size")}
+        profile[kind_].update(picked, **({"num_frames": settings["num_frames"]} if kind_ == "video" else {}))
+    ids = {token: _check_token_id(path, source, config, key, token) for key, token in GEMMA4_TOKENS}
+    profile.update(
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        sliding_window=text.get("sliding_window", 512),
+        bidirectional_media=text.get("use_bidirectional_attention") == "vision",
+    )
+    return profile
+
+
 # transformers' Glm4vImageProcessor and Glm4vVideoProcessor class defaults (5.24; Glm46V's are the
 # same); GLM reads the pixel limits from ``size`` alone (no min_pixels/max_pixels keys)
 GLM_IMAGE_DEFAULTS = {
@@ -703,5 +798,6 @@ DIRECTORY_READERS = {
     "internvl": _internvl_profile,
     "llava_onevision": _llava_onevision_profile,
     "gemma3": _gemma3_profile,
+    "gemma4": _gemma4_profile,
     "glm4v": _glm_profile,
 }

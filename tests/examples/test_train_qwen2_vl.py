@@ -167,8 +167,8 @@ def test_a_hybrid_model_without_its_kernels_is_refused_before_training(family_ru
 
 
 def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_run, tmp_path):
-    """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision, Gemma 3 and GLM-V: on each step one rank's
-    micro-batch has media and the other's none (then the other way round). The media-less rank
+    """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision, Gemma 3, Gemma 4 and GLM-V: on each
+    step one rank's micro-batch has media and the other's none (then the other way round). The media-less rank
     adds its family's idle media, so both call the vision tower alike: the steps complete (a
     hang is a timeout) and every weight stays finite. The families' small-bin packs (those of
     the parity tests): the media bin is the smallest."""
@@ -176,6 +176,7 @@ def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_r
         "internvl": TILED_PARITY_BUDGET,
         "llava_onevision": TILED_PARITY_BUDGET,
         "gemma3": PARITY_BUDGET,
+        "gemma4": PARITY_BUDGET,
         "glm4v": PARITY_BUDGET,
     }
     args = [f"{f}={family_run(f, budget).output / 'packed'}" for f, budget in families.items()]
@@ -183,7 +184,9 @@ def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_r
     results = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"model_type"')]
     assert [r["model_type"] for r in results] == list(families)
     for result in results:
-        kinds = {"llava_onevision": ["image", "video"]}.get(result["model_type"], ["image"])
+        kinds = {"llava_onevision": ["image", "video"], "gemma4": ["image", "video"]}.get(
+            result["model_type"], ["image"]
+        )
         for rank in result["ranks"]:
             assert rank["finite"]
             # the media bin has images (LLaVA-OneVision's smallest no video): idle media only where missing

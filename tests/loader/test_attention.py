@@ -127,7 +127,8 @@ def call(query, key=None, mask=None, **kwargs):
 @pytest.mark.parametrize(
     "key,mask,options,message",
     [
-        (None, torch.ones(1, 1, 4, 4, dtype=torch.bool), {}, "attention mask .*Gemma 3.*'sdpa'"),
+        (None, torch.ones(1, 4, dtype=torch.bool), {}, "padding mask .*'sdpa'"),
+        (None, torch.zeros(1, 1, 4, 4), {}, "padding mask .*'sdpa'"),
         (None, None, {"dropout": 0.1}, "dropout 0.1"),
         (None, None, {"softcap": 50.0}, "soft-capping"),
         (torch.zeros(1, 2, 9, 8), None, {}, "KV cache"),
@@ -138,6 +139,21 @@ def test_mmpack_varlen_refuses_what_no_varlen_kernel_computes(varlen_kernel, key
     varlen_kernel(reference_varlen_attn)
     with pytest.raises(PackingUnsupported, match=message):
         call(torch.zeros(1, 2, 4, 8), key, mask, **options)
+
+
+def test_mmpack_varlen_computes_a_layer_handed_a_bool_mask_of_the_row_with_sdpa(varlen_kernel):
+    """Gemma 4's sliding layers under mmpack_varlen (``model_masks`` leaves them their bool masks):
+    SDPA with that mask, exactly."""
+    varlen_kernel(reference_varlen_attn)
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 2, 6, 8, generator=generator) for _ in range(3))
+    allowed = torch.rand(1, 1, 6, 6, generator=generator) > 0.4
+    allowed |= torch.eye(6, dtype=torch.bool)
+    module = torch.nn.Module()
+    module.is_causal = True
+    got, _ = attention.varlen_attention_forward(module, query, key, value, allowed, scaling=0.5)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=0.5).transpose(1, 2)
+    torch.testing.assert_close(got, expected)
 
 
 # -- Gemma 3's masks, in the form of the attention in use ---------------------------------------

@@ -1,7 +1,7 @@
 """Idle media for every family with a vision tower (``loader.training.with_idle_media``): a
 micro-batch without images (videos) gets the smallest black one its model takes, as a masked
 sample of its own, so that under FSDP every rank calls the vision tower alike. On tiny random
-InternVL, LLaVA-OneVision, Gemma 3 and GLM-V models (Qwen2-VL: tests/loader/test_training.py): the
+InternVL, LLaVA-OneVision, Gemma 3, Gemma 4 and GLM-V models (Qwen2-VL: tests/loader/test_training.py): the
 model takes the batch, no real logit changes, the loss is the same, and the vision tower runs
 and gets exactly-zero gradients."""
 
@@ -23,6 +23,10 @@ EXPECTED = {  # model type: (kind, pixel key, pixel shape, tokens) of each idle 
         ("video", "pixel_values_videos", (1, 1, 3, 384, 384), 196 + 1),
     ],
     "gemma3": [("image", "pixel_values", (1, 3, 896, 896), 256)],
+    "gemma4": [  # one pooling block of 3 × 3 patches of 16 px each, an image and a one-frame video
+        ("image", "pixel_values", (1, 9, 768), 1),
+        ("video", "pixel_values_videos", (1, 9, 768), 1),
+    ],
     "glm4v": [("image", "pixel_values", (4, 3 * 2 * 14 * 14), 1)],  # videos too reach its tower as images
 }
 
@@ -40,8 +44,9 @@ def text_bin(model_type: str) -> dict:
     }  # fmt: skip
     if model_type == "internvl":
         item["boundary_kwargs"] = False
-    if model_type == "gemma3":
+    if model_type in ("gemma3", "gemma4"):
         item.update(media_token_mask=torch.zeros(len(ids), dtype=torch.bool), sliding_window=64)
+        item["global_media_blocks"] = model_type == "gemma3"  # Gemma 4: image blocks on sliding layers
     if model_type == "glm4v":  # mRoPE: text-only samples count on all three rows
         item["mrope_position_ids"] = item["position_ids"].expand(3, -1)
     return item

@@ -35,6 +35,8 @@ MODELS = {
     "internvl": ("internvl", "internvl", "qwen2", "chat_template.jinja"),
     "llava_onevision": ("llava_onevision", "llava_onevision", "qwen2", "chat_template.jinja"),
     "gemma3": ("gemma3", "gemma3", "gemma3", "tokenizer_config.json"),
+    "gemma4": ("gemma4", "gemma4", "gemma4", "chat_template.jinja"),
+    "gemma4_moe": ("gemma4", "gemma4_moe", "gemma4", "chat_template.jinja"),
     # GLM-V (published/glm4_*/SOURCE.md): GLM-4.1V-9B-Thinking, GLM-4.5V, GLM-4.6V, GLM-OCR
     "glm4v": ("glm4_1v", "glm4v", "glm", "chat_template.jinja"),
     "glm4v_moe": ("glm4_5v", "glm4v_moe", "glm", "chat_template.jinja"),
@@ -95,7 +97,7 @@ def _inputs_digest(name: str) -> str:
     models, the tokenize package, Gemma 3's downloaded tokenizer and the packages' versions."""
     digest = hashlib.sha256(f"{name} {MODELS[name]}".encode())
     folders = [PUBLISHED / MODELS[name][0], *BUILD_INPUTS]
-    if MODELS[name][2] == "gemma3":
+    if MODELS[name][2] in ("gemma3", "gemma4"):
         folders.append(GEMMA3_TOKENIZER)
     for path in folders:
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
@@ -114,6 +116,8 @@ def _build(name: str, target: Path) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for file in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(GEMMA3_TOKENIZER / file, target / file)
+    elif vocabulary == "gemma4":
+        build_gemma4_tokenizer(target, json.loads((published / "tokens.json").read_text()))
     elif vocabulary == "glm":
         build_glm_tokenizer(target, json.loads((published / "added_tokens.json").read_text()))
     else:
@@ -135,6 +139,27 @@ def _build(name: str, target: Path) -> None:
         (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
     config = tiny_models().tiny_config(model_type)
     (target / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def build_gemma4_tokenizer(target: Path, tokens: dict) -> None:
+    """Gemma 3's real tokenizer.json with Gemma 4's special tokens renamed in place at their
+    published ids (``published/gemma4/tokens.json``), without Gemma 3's ``<image_soft_token>``
+    (Gemma 4 has 262144 rows), and Gemma 4's tokenizer_config.json names."""
+    backend = json.loads((GEMMA3_TOKENIZER / "tokenizer.json").read_text())
+    renamed = {int(i): name for i, name in tokens["special_tokens"].items()}
+    vocab, added = backend["model"]["vocab"], []
+    for token in backend["added_tokens"]:
+        if token["id"] >= len(vocab):
+            continue
+        if token["id"] in renamed:
+            del vocab[token["content"]]
+            token = {**token, "content": renamed[token["id"]], "special": True}
+            vocab[token["content"]] = token["id"]
+        added.append(token)
+    backend["added_tokens"] = added
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.json").write_text(json.dumps(backend, ensure_ascii=False))
+    (target / "tokenizer_config.json").write_text(json.dumps(tokens["tokenizer_config"], indent=1))
 
 
 def build_glm_tokenizer(target: Path, added: dict) -> None:

@@ -51,6 +51,10 @@ def glm_class(key: str):
 
 
 def processor(family: str, settings: dict, request: dict | None = None):
+    if family == "gemma4":
+        from transformers.models.gemma4.video_processing_gemma4 import Gemma4VideoProcessor
+
+        return Gemma4VideoProcessor(**settings)
     if family == "glm4v":
         return glm_class(request["sampling"])(**settings)
     if family == "internvl":
@@ -76,6 +80,14 @@ def text_processor(family: str, video_processor, tokenizer, model_dir: str, requ
     """The family's processor class around the video processor (for its pad replacement)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    if family == "gemma4":
+        from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+        from transformers.models.gemma4.processing_gemma4 import Gemma4Processor
+
+        return Gemma4Processor(
+            Gemma4AudioFeatureExtractor(), Gemma4ImageProcessorPil(), tokenizer, video_processor
+        )
     if family == "glm4v":
         from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
@@ -123,7 +135,15 @@ def main() -> None:
         metadata = VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=every)
         if family == "glm4v":  # its sampling reads the duration, as transformers' video loaders give it
             metadata.duration = len(frames) / fps
-        if family in ("internvl", "llava_onevision"):  # frame sampling as the directory's video config says
+        if family == "gemma4":  # frames as its video config samples them; grid: (frames, rows, columns)
+            out, (replacement,) = wrapper._process_videos(
+                videos=[frames], video_metadata=[metadata], return_metadata=True, return_tensors="pt",
+                input_data_format="channels_last",
+            )  # fmt: skip
+            pixels, where = out["pixel_values_videos"], out["video_position_ids"][0]
+            real = where[(where >= 0).all(-1)]
+            grid = [len(pixels), int(real[:, 1].max()) + 1, int(real[:, 0].max()) + 1]
+        elif family in ("internvl", "llava_onevision"):  # frame sampling as the directory's video config says
             out, (replacement,) = wrapper._process_videos(
                 videos=[frames], video_metadata=[metadata], return_metadata=True, return_tensors="pt",
                 input_data_format="channels_last",

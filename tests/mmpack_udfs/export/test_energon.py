@@ -157,7 +157,7 @@ def test_refusals_exit_2_naming_what_before_writing(
     assert "is not empty" in refused(packed_demo, dest=busy)
     assert "unknown split 'test'" in refused(packed_demo, "--splits", "train,test")
     assert "has no eval split to export as 'val'" in refused(packed_demo, "--splits", "val")
-    assert "Gemma 3 bins" in refused(family_run("gemma3").output)
+    assert "Gemma 3 and Gemma 4 bins" in refused(family_run("gemma3").output)
     assert "preference pairs (DPO)" in refused(preference_run.output)
     assert "carry a loss weight other than 1" in refused(weighted_demo[0])
     assert not (tmp_path / "dest").exists()
