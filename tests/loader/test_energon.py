@@ -19,12 +19,14 @@ from loader.collate import VISION_INPUTS, collate_packed
 from loader.energon import EqualSteps, MmpackTaskEncoder, epoch_loader, load_export, steps_per_rank
 from loader.megatron import megatron_batch
 from tests.loader.test_megatron import check_labels
+from tests.models.build import tiny_models
 
 pytestmark = pytest.mark.spark
 
 WORLD, WORKERS = 2, 2
 COMPARED = ("input_ids", "labels", "loss_mask", "position_ids", "pixel_values", "image_grid_thw",
             "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")  # fmt: skip
+GLM_VIDEO_START = tiny_models().GLM41V_IDS["video_start_token_id"]  # the glm4v directory's
 BOUNDARIES = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 
 
@@ -59,11 +61,12 @@ def check_against_collate_packed(item: dict[str, Any], batch: dict[str, Any]) ->
         assert torch.equal(batch["second_per_grid_ts"], reference.meta["second_per_grid_ts"])
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "glm4v"])
 def test_every_bin_once_across_ranks_and_workers_as_the_torch_loader_gives_it(family, energon_export):
     """Export → Energon on 2 ranks × 2 workers (CP 2, TP 2, sequence parallel): each bin once,
     equal to megatron_batch of PackedDataset's item, which is collate_packed's batch shifted
-    and padded (images, and for Qwen2.5-VL videos with second_per_grid_ts)."""
+    and padded (images, and for Qwen2.5-VL videos with second_per_grid_ts; GLM-V: its videos'
+    frames handed over as images, its 3-D positions)."""
     export = energon_export(family)
     options = {"cp_size": 2, "tp_size": 2, "sequence_parallel": True}
     encoder = MmpackTaskEncoder(str(export), **options)
@@ -94,7 +97,8 @@ def test_every_bin_once_across_ranks_and_workers_as_the_torch_loader_gives_it(fa
                 getattr(batch["packed_seq_params"], name), getattr(expected["packed_seq_params"], name)
             )
         assert batch["packed_seq_params"].max_seqlen_q == expected["packed_seq_params"].max_seqlen_q
-        videos += "video_grid_thw" in batch
+        # GLM-V's videos reach the tower as images: a bin with one holds <|begin_of_video|>
+        videos += "video_grid_thw" in batch or bool((batch["input_ids"] == GLM_VIDEO_START).any())
     assert not by_ids and videos > 0
 
 
