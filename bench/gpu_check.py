@@ -303,8 +303,8 @@ def family_parity(model_type: str, pack: Path, kernels, device, dtype, count: in
     """A tiny random model of the family, in ``dtype``: each packed sample's last hidden states
     under every attention (each kernel of mmpack_varlen, SDPA, eager) against the same packed bins
     in float32 under SDPA (equal to each sample alone: the CPU parity suites), SDPA's and eager's
-    own differences from it the precision's noise; a leak control (no boundaries; not Gemma 3,
-    whose masks carry them); NaN counts. A refusal (Gemma 3 under a varlen kernel, Qwen3.5 without
+    own differences from it the precision's noise; a leak control (no boundaries; not Gemma 3 or
+    4, whose masks carry them); NaN counts. A refusal (Gemma 3 under a varlen kernel, Qwen3.5 without
     its kernels) is a result."""
     bins = train.first_bins(str(pack), count, smallest=True)
     reference_model = tiny_family_model(model_type, device, torch.float32)
@@ -332,7 +332,7 @@ def family_parity(model_type: str, pack: Path, kernels, device, dtype, count: in
         ]
         results[name] = {"max": round(max(diffs), 4), "median": round(sorted(diffs)[len(diffs) // 2], 4),
                          "samples": len(diffs), "nan": sum(int(h.isnan().sum()) for h in hidden)}  # fmt: skip
-    if model_type != "gemma3":
+    if not isinstance(bins[0].get("attention_mask"), dict):  # masks (Gemma 3, 4) carry the boundaries
         model.set_attn_implementation("sdpa")
         leaky = [packed_hidden(model, without_boundaries(b), device, dtype) for b in bins]
         later = [float((h[a:] - r[a:]).abs().max()) for h, r, b in zip(leaky, reference, bins, strict=True)
