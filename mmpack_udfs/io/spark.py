@@ -44,6 +44,7 @@ JVM_NOISE = (  # printed to stderr directly (by the JVM; by Spark for a shell), 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 QUICK_JIT = "-XX:TieredStopAtLevel=1"  # C1 only: given first, so a user's own -XX option wins
 QUICK_JIT_INPUT_BYTES = 256 << 20  # spark.quick_jit = null: quick below this much input
+DRIVER_MEMORY = "spark.driver.memory"
 
 
 def quick_jit(spark_config: SparkConfig, input_bytes: int | None) -> bool:
@@ -73,6 +74,8 @@ def session_settings(
     settings["spark.sql.execution.arrow.pyspark.enabled"] = "true"
     for key, value in spark_config.conf.items():
         settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+    if not under_spark_submit() and settings["spark.master"].startswith("local"):
+        settings.setdefault(DRIVER_MEMORY, local_driver_memory())
     if not under_spark_submit():  # the embedded JVM starts with ours around the user's options
         before = [QUICK_JIT] if quick_jit(spark_config, input_bytes) else []
         after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]
@@ -80,6 +83,14 @@ def session_settings(
             given = settings.get(DRIVER_JAVA_OPTIONS, "")
             settings[DRIVER_JAVA_OPTIONS] = " ".join(o for o in [*before, given, *after] if o)
     return settings
+
+
+def local_driver_memory() -> str:
+    """The embedded local JVM's heap where the config sets none: a quarter of this machine's
+    memory, 1 to 16 GiB. (Spark's own default, 1 GiB, ran out of heap in normalize's sort on a
+    million text-only records: bench/RESULTS.md.)"""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{min(max(total >> 32, 1), 16)}g"
 
 
 def log_level(spark_config: SparkConfig, verbose: bool) -> str:

@@ -19,10 +19,24 @@ def test_embedded_defaults_and_overrides(monkeypatch):
     assert session_settings(SparkConfig(master="local[1]"), master="yarn")["spark.master"] == "yarn"
 
 
+def test_a_local_jvm_gets_a_quarter_of_the_machine_unless_the_config_says(monkeypatch):
+    import os
+
+    from mmpack_udfs.io.spark import DRIVER_MEMORY
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert session_settings(SparkConfig())[DRIVER_MEMORY] == f"{min(max(total >> 32, 1), 16)}g"
+    given = SparkConfig(conf={DRIVER_MEMORY: "3g"})
+    assert session_settings(given)[DRIVER_MEMORY] == "3g"
+    assert DRIVER_MEMORY not in session_settings(SparkConfig(master="spark://host:7077"))
+
+
 def test_spark_submit_keeps_its_own_master(monkeypatch):
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
     settings = session_settings(SparkConfig(), master=None)
     assert "spark.master" not in settings and "spark.pyspark.python" not in settings
+    assert "spark.driver.memory" not in settings  # the cluster's
 
 
 @pytest.mark.spark
