@@ -24,10 +24,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, ClassVar
-
-import numpy as np
 
 from mmpack_udfs.families.base import (
     ChatFormat,
@@ -39,8 +36,6 @@ from mmpack_udfs.families.base import (
     rejected_resize,
 )
 from mmpack_udfs.reasons import Reason, Rejected
-
-SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the processors' _SUPPORTED_SOFT_TOKENS
 
 
 def aspect_preserving_size(
@@ -130,13 +125,6 @@ class Gemma4(Family):
     def template_layout(self, kind: str) -> list[LayoutElement]:
         """The template writes the pad token alone for an image or a video."""
         return [("token", self.template_tokens[kind])]
-
-    @classmethod
-    def attention_blocks(
-        cls, items: Mapping[str, np.ndarray], settings: Mapping[str, Any]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """An image (a frame) is one block of its h × w patches."""
-        return items["grid_t"], items["grid_h"] * items["grid_w"]
 
     @classmethod
     def idle_media(cls, config: Any) -> list[IdleMedia]:

@@ -36,7 +36,7 @@ def image_processor(model_dir: Path):
     )
 
 
-def processor(model_dir: Path, tokenizer):
+def processor(tokenizer):
     """Gemma4Processor for its text expansion (its image processor; no video half here)."""
     from transformers.models.gemma4.processing_gemma4 import Gemma4Processor
 
@@ -57,7 +57,7 @@ def reference(model_dir: Path, tokenizer, sample: dict, videos) -> dict[str, Any
     expansions = []
     if images:
         processed = image_processor(model_dir)(images=images)
-        wrapper = processor(model_dir, tokenizer)
+        wrapper = processor(tokenizer)
         expansions = [wrapper.replace_image_token(processed, i) for i in range(len(images))]
         out["pixel_values"] = list(np.asarray(processed["pixel_values"]))
         out["image_position_ids"] = list(np.asarray(processed["image_position_ids"]))
