@@ -379,6 +379,26 @@ def family_runs(spark, demo: demo_data.DemoData, tokenized: Path, tmp_path_facto
 
 
 @pytest.fixture(scope="session")
-def family_run(spark, demo, tokenized_demo, tmp_path_factory):
-    """``family_run(name)``: the demo of 150 samples tokenized for the family ``name`` and packed."""
-    return family_runs(spark, demo, tokenized_demo, tmp_path_factory, "family")
+def family_demo(tmp_path_factory) -> demo_data.DemoData:
+    """The families' and the trainings' demo: 60 samples (images, several images, videos, text
+    only, bad records), the fewest that show every behaviour their tests check. Every family is
+    tokenized from it once a session, and each test compares every sample, so its size is
+    paid once per family."""
+    return demo_data.generate(tmp_path_factory.mktemp("family-demo"), samples=60, seed=12)
+
+
+@pytest.fixture(scope="session")
+def family_tables(spark, family_demo, tmp_path_factory) -> Path:
+    """An output root holding ``family_demo`` normalized (its ``samples`` table): what each
+    family tokenizes (read-only: ``family_runs`` copies it)."""
+    from mmpack_udfs.normalize import stage as normalize
+
+    out = tmp_path_factory.mktemp("family-tables")
+    normalize.run(spark, demo_run(family_demo, out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def family_run(spark, family_demo, family_tables, tmp_path_factory):
+    """``family_run(name)``: ``family_demo`` tokenized for the family ``name`` and packed."""
+    return family_runs(spark, family_demo, family_tables, tmp_path_factory, "family")

@@ -19,7 +19,9 @@ image resize, so it resizes as the model's processor does), ``ability``, ``rewar
 columns instead (``problem``: the one user turn, ``answer``, ``images``), single-turn prompts
 only (else ``not_single_turn``). Not exported, with a reason:
 ``too_long`` (over ``max_prompt_length``), ``video_in_prompt`` (verl samples a video's frames
-with its own settings: mmpack cannot give that count), ``media_in_answer``,
+with its own settings: mmpack cannot give that count), ``thin_image`` (a side under half a
+merged patch, which verl's own resize widens where the processor scales the whole image),
+``media_in_answer``,
 ``unsupported_role`` (a prompt turn other than user or assistant), ``preference_pair``, and
 what tokenize quarantined (its reason).
 """
@@ -191,6 +193,13 @@ def run(
 
 
 # -- executors ---------------------------------------------------------------------------------
+# verl resizes a prompt's images with qwen_vl_utils before the processor: a side under half a
+# merged patch (14 px for Qwen2-VL) is widened to one whole patch there, where the model's
+# processor scales the whole image up, so the two count different vision tokens (12 x 900 px:
+# 32 against the processor's 18).
+THIN_IMAGE = "an image side under half a merged patch: verl's resize and the processor's count differ"
+
+
 def prompt_batches(
     batches: Iterator[pa.RecordBatch], settings: TokenizeSettings, limit: int, fmt: str, storage: fs.Storage
 ) -> Iterator[pa.RecordBatch]:
@@ -224,6 +233,8 @@ def prompt_row(
         return outcome(DROPPED, "media_in_answer", "the final answer holds media: a prompt cannot show them")
     if any(m["kind"] == "video" for m in media):
         return outcome(DROPPED, "video_in_prompt", "verl samples video frames with its own settings")
+    if any(min(m["width"], m["height"]) * 2 <= family.factor for m in media):
+        return outcome(DROPPED, "thin_image", THIN_IMAGE)
     roles = sorted({t["role"] for t in turns} - set(PROMPT_ROLES))
     if roles:
         return outcome(DROPPED, "unsupported_role", f"a prompt turn of role {', '.join(roles)}")

@@ -119,9 +119,10 @@ def test_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
     assert counts and max(counts.values()) == 1
 
 
-def test_a_qwen3_vl_model_trains_on_its_family_shards_exactly_once(training_family, tmp_path):
-    """``--model tiny-qwen3_vl`` on shards tokenized from a Qwen3-VL model directory: 2 ranks."""
-    packed = training_family("qwen3_vl").output / "packed"
+def test_a_qwen3_vl_model_trains_on_its_family_shards_exactly_once(family_run, tmp_path):
+    """``--model tiny-qwen3_vl`` on shards tokenized from a Qwen3-VL model directory, in the
+    parity tests' small bins (a step's cost is its tokens times the real vocabulary): 2 ranks."""
+    packed = family_run("qwen3_vl", PARITY_BUDGET).output / "packed"
     args = ["--manifest", str(packed), "--model", "tiny-qwen3_vl", "--out", str(tmp_path / "ckpt")]
     torchrun(
         MANUAL,
@@ -139,11 +140,11 @@ def test_a_qwen3_vl_model_trains_on_its_family_shards_exactly_once(training_fami
 
 
 @pytest.mark.parametrize("family", ["internvl", "llava_onevision"])
-def test_a_tiled_model_trains_on_its_family_shards_exactly_once(training_family, tmp_path, family):
+def test_a_tiled_model_trains_on_its_family_shards_exactly_once(family_run, tmp_path, family):
     """``--model tiny-internvl`` (transformers-native InternVL, no boundary kwargs in its batches),
     ``tiny-llava_onevision`` (anyres crops, image sizes, images per sample) on shards tokenized
-    from the family's model directory: 2 ranks, every sample once."""
-    packed = training_family(family).output / "packed"
+    from the family's model directory, in the parity tests' bins: 2 ranks, every sample once."""
+    packed = family_run(family, TILED_PARITY_BUDGET).output / "packed"
     args = ["--manifest", str(packed), "--model", f"tiny-{family}", "--out", str(tmp_path / "ckpt")]
     torchrun(MANUAL, 2, *args, "--workers", "1", "--trace", str(tmp_path / "trace"), log=tmp_path / "log")
     check_epoch(read_trace(tmp_path / "trace", 2), 0, expected_supervised(packed))

@@ -122,7 +122,7 @@ def references(family_run, tmp_path_factory):
 @pytest.mark.parametrize("name", FAMILY_MODELS)
 def test_every_sample_has_the_ids_labels_and_grids_transformers_gives(references, name):
     _, rows, refs, videos = references(name)
-    assert len(rows) > 100 and any(m["kind"] == "video" for r in rows for m in r["media"])
+    assert len(rows) >= 40 and any(m["kind"] == "video" for r in rows for m in r["media"])
     for row in rows:
         ref = refs[row["sample_id"]]
         assert row["input_ids"] == ref["input_ids"], row["sample_id"]
@@ -147,7 +147,7 @@ def _grids_in_order(row, ref):
 
 
 @pytest.fixture(scope="module")
-def prepared_run(spark, demo, family_run):
+def prepared_run(spark, family_demo, family_run):
     """The same tokenized rows packed again with prepared media (8-bit patches in the shard)."""
     cache = {}
 
@@ -156,8 +156,8 @@ def prepared_run(spark, demo, family_run):
             run = family_run(name)
             out = run.output.parent / "prepared"
             shutil.copytree(run.output / "tables", out / "tables")
-            pack.run(spark, demo_run(demo, out, f"tokenize.model={run.model_dir}", "pack.media=prepared",
-                                     *PACKED_DEMO_SETTINGS))  # fmt: skip
+            settings = (f"tokenize.model={run.model_dir}", "pack.media=prepared", *PACKED_DEMO_SETTINGS)
+            pack.run(spark, demo_run(family_demo, out, *settings))
             cache[name] = out
         return cache[name]
 
@@ -195,7 +195,7 @@ def test_packed_samples_have_transformers_pixels_and_positions(references, prepa
                 expected = np.concatenate(ref["pixel_values_videos"])
                 np.testing.assert_allclose(media["pixel_values_videos"].numpy(), expected, rtol=0, atol=1e-6)
                 checked["video"] += 1
-    assert checked["image"] >= 20 and checked["video"] >= 3 and checked["positions"] >= 100, checked
+    assert checked["image"] >= 20 and checked["video"] >= 3 and checked["positions"] >= 40, checked
 
 
 @pytest.mark.parametrize("name", FAMILY_MODELS)

@@ -46,7 +46,7 @@ def gemma3(family_run, tmp_path_factory):
 def test_every_sample_has_the_ids_labels_and_tokens_transformers_gives(gemma3):
     run, rows, refs = gemma3
     assert (run.ctx.config.profile.kind, run.ctx.config.profile.chat) == ("gemma3", "gemma3")
-    assert len(rows) > 100
+    assert len(rows) >= 40
     images = 0
     for row in rows:
         ref = refs[row["sample_id"]]

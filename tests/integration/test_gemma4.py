@@ -50,7 +50,7 @@ def gemma4(family_run, tmp_path_factory):
 def test_every_sample_has_the_ids_labels_and_tokens_transformers_gives(gemma4):
     run, rows, refs = gemma4
     assert (run.ctx.config.profile.kind, run.ctx.config.profile.chat) == ("gemma4", "gemma4")
-    assert len(rows) > 100
+    assert len(rows) >= 40
     kinds = set()
     for row in rows:
         ref = refs[row["sample_id"]]

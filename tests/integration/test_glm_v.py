@@ -46,7 +46,7 @@ def glm(family_run, tmp_path_factory):
 def test_every_sample_has_the_ids_labels_grids_and_frames_transformers_gives(glm, name):
     run, rows, refs, videos = glm(name)
     assert run.ctx.config.profile.kind == "glm4v"
-    assert len(rows) > 100 and any(m["kind"] == "video" for r in rows for m in r["media"])
+    assert len(rows) >= 40 and any(m["kind"] == "video" for r in rows for m in r["media"])
     for row in rows:
         ref = refs[row["sample_id"]]
         assert row["input_ids"] == ref["input_ids"], row["sample_id"]
@@ -85,7 +85,7 @@ def test_packed_samples_have_transformers_pixels_and_positions(glm, name):
                 row += rows
                 checked[kind] += 1
         assert "pixel_values" not in batch or row == len(batch["pixel_values"])
-    assert checked["image"] >= 20 and checked["video"] >= 3 and checked["positions"] >= 100, checked
+    assert checked["image"] >= 20 and checked["video"] >= 3 and checked["positions"] >= 40, checked
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ def internvl(family_run, tmp_path_factory):
 def test_every_sample_has_the_ids_labels_tiles_and_frames_transformers_gives(internvl):
     run, rows, refs, videos = internvl
     assert run.ctx.config.profile.kind == "internvl"
-    assert len(rows) > 100 and any(m["kind"] == "video" for r in rows for m in r["media"])
+    assert len(rows) >= 40 and any(m["kind"] == "video" for r in rows for m in r["media"])
     tiled = 0
     for row in rows:
         ref = refs[row["sample_id"]]
@@ -94,7 +94,7 @@ def test_packed_samples_have_transformers_pixels_and_restarting_positions(intern
                 np.testing.assert_allclose(tiles.numpy(), expected, rtol=0, atol=1e-6)
                 for kind in kinds[sample_id]:
                     checked[kind] += 1
-    assert checked["image"] >= 20 and checked["video"] >= 3, checked
+    assert checked["image"] >= 20 and checked["video"] >= 2, checked
 
 
 @pytest.fixture(scope="module")

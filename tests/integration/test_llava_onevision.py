@@ -53,7 +53,7 @@ def llava(family_run, tmp_path_factory):
 def test_every_sample_has_the_ids_labels_and_tokens_transformers_gives(llava):
     run, rows, refs, videos = llava
     assert run.ctx.config.profile.kind == "llava_onevision"
-    assert len(rows) > 100
+    assert len(rows) >= 40
     shapes = {"anyres": 0, "in_set": 0, "video": 0}
     for row in rows:
         ref = refs[row["sample_id"]]

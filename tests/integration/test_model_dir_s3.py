@@ -43,7 +43,7 @@ def reads(requests: list[tuple[str, str]], method: str) -> list[str]:
 
 
 def test_an_s3_model_directory_is_read_once_a_run_and_tokenizes_as_the_local_one(
-    spark, demo, family_run, tmp_path, monkeypatch
+    spark, family_demo, family_run, tmp_path, monkeypatch
 ):
     local = family_run("qwen2_5_vl")
     log = tmp_path / "requests.log"
@@ -61,9 +61,8 @@ def test_an_s3_model_directory_is_read_once_a_run_and_tokenizes_as_the_local_one
         out = tmp_path / "out"
         shutil.copytree(local.output / "tables" / "samples", out / "tables" / "samples")
         source = f"s3://{bucket}/{MODEL_PREFIX}"
-        ctx = demo_run(
-            demo, out, f"tokenize.model={source}", f"s3.endpoint_override={endpoint}", *PACKED_DEMO_SETTINGS
-        )
+        settings = (f"tokenize.model={source}", f"s3.endpoint_override={endpoint}", *PACKED_DEMO_SETTINGS)
+        ctx = demo_run(family_demo, out, *settings)
         summary = tokenize.run(spark, ctx)
         pack.run(spark, ctx)
         requests = model_requests(log)[uploaded:]
