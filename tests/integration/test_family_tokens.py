@@ -11,12 +11,14 @@ torchvision scaffold: tests/oracles/qwen_video.py), and the tiny model's ``get_r
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -47,10 +49,51 @@ QWEN2_5_VIDEO = {"fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames
 MODEL_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5"}
 
 
+class VideoOracle:
+    """``tests.oracles.qwen_video --serve``: one process answers every family's request of the
+    session (torchvision and transformers imported once), started on first use."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.log: Path | None = None
+
+    def ask(self, request: dict) -> list[dict]:
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        assert self.process and self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, f"the video oracle exited:\n{self.log.read_text()[-3000:] if self.log else ''}"
+        reply = json.loads(line)
+        assert "error" not in reply, reply.get("error")
+        return reply["results"]
+
+    def _start(self) -> None:
+        if not (TORCHVISION / ".installed").exists():
+            raise RuntimeError(f"the video oracle needs torchvision at {TORCHVISION}: run `make test`")
+        paths = [str(ROOT / "tests/oracles/torchvision_boot"), str(TORCHVISION), str(ROOT)]
+        self.log = Path(tempfile.mkstemp(prefix="video-oracle-", suffix=".log")[1])
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.oracles.qwen_video", "--serve"], cwd=ROOT, text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.open("w"),
+        )  # fmt: skip
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+        if self.log:
+            self.log.unlink(missing_ok=True)
+
+
+VIDEO_ORACLE = VideoOracle()
+
+
 def video_references(run, uris: list[str], tmp: Path) -> dict[str, dict]:
-    """transformers' video processor on every video (one subprocess for all)."""
-    if not (TORCHVISION / ".installed").exists():
-        raise RuntimeError(f"the video oracle needs torchvision at {TORCHVISION}: run `make test`")
+    """transformers' video processor on every video (``VIDEO_ORACLE``)."""
     profile = run.ctx.config.profile
     file = run.model_dir / "video_preprocessor_config.json"
     fallback = {} if profile.kind == "glm4v" else QWEN2_5_VIDEO  # GLM: the class defaults
@@ -63,18 +106,7 @@ def video_references(run, uris: list[str], tmp: Path) -> dict[str, dict]:
     }
     if profile.kind == "glm4v":  # the processor classes the directory resolved to
         request.update(sampling=profile.video.sampling, frame_label=profile.frame_label)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "tests/oracles/torchvision_boot"), str(TORCHVISION), str(ROOT)]
-        ),
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.oracles.qwen_video"], input=json.dumps(request), capture_output=True,
-        text=True, env=env, cwd=ROOT, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = VIDEO_ORACLE.ask(request)
     for result, video in zip(results, request["videos"], strict=True):
         result["pixels"] = np.load(video["out"])
     return dict(zip(uris, results, strict=True))

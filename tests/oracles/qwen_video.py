@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import traceback
 from pathlib import Path
 
 import cv2
@@ -118,11 +119,11 @@ def text_processor(family: str, video_processor, tokenizer, model_dir: str, requ
     return cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
 
 
-def main() -> None:
+def answer(request: dict) -> list[dict]:
+    """Per video of ``request``: its frame indices, grid, replacement text (pixels to its ``out``)."""
     from transformers import AutoTokenizer
     from transformers.video_utils import VideoMetadata
 
-    request = json.load(sys.stdin)
     family = request["family"]
     video_processor = processor(family, request["settings"], request)
     model_dir = request["model_dir"]
@@ -169,7 +170,22 @@ def main() -> None:
         if "second_per_grid_ts" in out:
             result["second_per_grid_t"] = float(out["second_per_grid_ts"][0])
         results.append(result)
-    print(json.dumps(results))
+    return results
+
+
+def main() -> None:
+    """One request, the whole of stdin, answered on stdout; with ``--serve``, one request a line
+    until stdin closes, each answered by one line (``{"error": ...}`` where it failed): one
+    process, its imports paid once, for every family of a test session."""
+    if "--serve" not in sys.argv[1:]:
+        print(json.dumps(answer(json.load(sys.stdin))))
+        return
+    for line in sys.stdin:
+        try:
+            reply = {"results": answer(json.loads(line))}
+        except Exception:
+            reply = {"error": traceback.format_exc()}
+        print(json.dumps(reply), flush=True)
 
 
 if __name__ == "__main__":
