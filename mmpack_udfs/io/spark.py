@@ -74,9 +74,9 @@ def session_settings(
     settings["spark.sql.execution.arrow.pyspark.enabled"] = "true"
     for key, value in spark_config.conf.items():
         settings[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
-    if not under_spark_submit() and settings["spark.master"].startswith("local"):
-        settings.setdefault(DRIVER_MEMORY, local_driver_memory())
     if not under_spark_submit():  # the embedded JVM starts with ours around the user's options
+        if settings["spark.master"].startswith("local"):
+            settings.setdefault(DRIVER_MEMORY, local_driver_memory())
         before = [QUICK_JIT] if quick_jit(spark_config, input_bytes) else []
         after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]
         if before or after:

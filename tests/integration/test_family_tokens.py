@@ -50,8 +50,8 @@ MODEL_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_5": "q
 
 
 class VideoOracle:
-    """``tests.oracles.qwen_video --serve``: one process answers every family's request of the
-    session (torchvision and transformers imported once), started on first use."""
+    """``tests.oracles.qwen_video``: one process answers every family's request of the session
+    (torchvision and transformers imported once), started on first use, closed at exit."""
 
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
@@ -72,14 +72,16 @@ class VideoOracle:
     def _start(self) -> None:
         if not (TORCHVISION / ".installed").exists():
             raise RuntimeError(f"the video oracle needs torchvision at {TORCHVISION}: run `make test`")
+        self.close()  # a process that died: its log goes with it
         paths = [str(ROOT / "tests/oracles/torchvision_boot"), str(TORCHVISION), str(ROOT)]
-        self.log = Path(tempfile.mkstemp(prefix="video-oracle-", suffix=".log")[1])
+        log, name = tempfile.mkstemp(prefix="video-oracle-", suffix=".log")
+        self.log = Path(name)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.oracles.qwen_video", "--serve"], cwd=ROOT, text=True,
+            [sys.executable, "-m", "tests.oracles.qwen_video"], cwd=ROOT, text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.open("w"),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
         )  # fmt: skip
-        atexit.register(self.close)
+        os.close(log)  # the process holds its own
 
     def close(self) -> None:
         if self.process and self.process.poll() is None:
@@ -87,9 +89,11 @@ class VideoOracle:
             self.process.wait(timeout=60)
         if self.log:
             self.log.unlink(missing_ok=True)
+            self.log = None
 
 
 VIDEO_ORACLE = VideoOracle()
+atexit.register(VIDEO_ORACLE.close)
 
 
 def video_references(run, uris: list[str], tmp: Path) -> dict[str, dict]:

@@ -3,11 +3,14 @@
 
 Runs where torchvision is importable (``make test`` installs it, tests only, under
 ``.venv/torchvision-cpu``; ``torchvision_boot/sitecustomize.py`` lets the CUDA wheel import on
-the CPU torch). Reads ``{"model_dir", "family", "videos": [{"uri", "out"}], "settings"}`` as JSON
-on stdin; decodes every frame with OpenCV (the decoder mmpack uses), hands the frames and
-their metadata to the processor with frame sampling on, and prints, per video, the sampled
-frame indices, the grid, the text its processor puts in place of ``<|video_pad|>`` and
-``second_per_grid_t``; the pixel values go to ``out`` (.npy).
+the CPU torch). Reads requests ``{"model_dir", "family", "videos": [{"uri", "out"}], "settings"}``,
+one JSON line each on stdin until it closes (one process, its imports paid once, for every family
+of a test session: ``VideoOracle`` in tests/integration/test_family_tokens.py); decodes every
+frame with OpenCV (the decoder mmpack uses), hands the frames and their metadata to the
+processor with frame sampling on, and answers each request with one line:
+per video, the sampled frame indices, the grid, the text its processor puts in place of
+``<|video_pad|>`` and ``second_per_grid_t`` (``{"error": ...}`` where it failed); the pixel
+values go to ``out`` (.npy).
 """
 
 from __future__ import annotations
@@ -174,12 +177,6 @@ def answer(request: dict) -> list[dict]:
 
 
 def main() -> None:
-    """One request, the whole of stdin, answered on stdout; with ``--serve``, one request a line
-    until stdin closes, each answered by one line (``{"error": ...}`` where it failed): one
-    process, its imports paid once, for every family of a test session."""
-    if "--serve" not in sys.argv[1:]:
-        print(json.dumps(answer(json.load(sys.stdin))))
-        return
     for line in sys.stdin:
         try:
             reply = {"results": answer(json.loads(line))}
