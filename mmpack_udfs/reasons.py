@@ -21,6 +21,11 @@ class Reason(StrEnum):
     MEDIA_UNREADABLE = "media_unreadable"
     IMAGE_TOO_LARGE = "image_too_large"
     VIDEO_NO_FRAMES = "video_no_frames"
+    AUDIO_NO_STREAM = "audio_no_stream"
+    AUDIO_CODEC_UNSUPPORTED = "audio_codec_unsupported"
+    AUDIO_EMPTY = "audio_empty"
+    AUDIO_CUT = "audio_cut"
+    AUDIO_TOO_LONG = "audio_too_long"
     MEDIA_REMOTE = "media_remote"
     UNSUPPORTED_MODALITY = "unsupported_modality"
     PREFERENCE_MISSING_SIDE = "preference_missing_side"
@@ -53,24 +58,30 @@ DESCRIPTIONS: dict[Reason, str] = {
         "images/videos (or a media part) is not a path, URI, data: URI or image (bytes + path), "
         "or a list of them"
     ),
-    Reason.PLACEHOLDER_MEDIA_MISMATCH: "the count of <image>/<video> placeholders != media given",
+    Reason.PLACEHOLDER_MEDIA_MISMATCH: "the count of <image>/<video>/<audio> placeholders != media given",
     Reason.MEDIA_PATH_ESCAPE: "a media reference is absolute or leaves the media root (.., links)",
     Reason.MEDIA_MISSING: "a referenced media file does not exist",
     Reason.MEDIA_UNREADABLE: "a media file cannot be opened or decoded (corrupt, wrong format)",
     Reason.IMAGE_TOO_LARGE: "an image has more pixels than normalize.max_image_pixels",
     Reason.VIDEO_NO_FRAMES: "a video opens but none of its first frames decode",
+    Reason.AUDIO_NO_STREAM: "an audio item (or a video whose audio is asked for) has no audio stream",
+    Reason.AUDIO_CODEC_UNSUPPORTED: "an audio stream's codec has no decoder in FFmpeg (PyAV's build)",
+    Reason.AUDIO_EMPTY: "an audio file is empty (0 bytes) or its stream decodes to no samples",
+    Reason.AUDIO_CUT: (
+        "an audio file is cut short: decoding stops with an error, it decodes to less than its header "
+        "declares, or a WAV's data chunk declares more bytes than the file holds"
+    ),
+    Reason.AUDIO_TOO_LONG: "an audio clip is longer than normalize.max_audio_seconds",
     Reason.MEDIA_REMOTE: (
         "a media reference is an http(s)/ftp/... URL: executors are not assumed to reach the network, "
         "so nothing is downloaded; fetch the media and reference the files"
     ),
     Reason.UNSUPPORTED_MODALITY: (
-        "the record holds audio (an audios column, an <audio> placeholder or an audio part) or a "
-        "content part of a kind no profile encodes; dropping it would train on text about media "
-        "the model never sees"
+        "a content part of a kind mmpack does not read (not text, image, video or audio); dropping it "
+        "would train on text about media the model never sees"
     ),
     Reason.PREFERENCE_MISSING_SIDE: (
-        "a record of a ranking (preference) dataset lacks its chosen or its rejected answer, or one "
-        "is empty"
+        "a record of a ranking (preference) dataset lacks its chosen or its rejected answer, or one is empty"
     ),
     Reason.PREFERENCE_IDENTICAL_SIDES: "a preference pair's chosen and rejected answers are the same",
     Reason.PREFERENCE_MEDIA_MISMATCH: (
@@ -85,8 +96,9 @@ DESCRIPTIONS: dict[Reason, str] = {
         "the tar (the key being read included) is this one row"
     ),
     Reason.MEDIA_UNSUPPORTED: (
-        "the media cannot be taken faithfully: an aspect ratio or frame count the profile refuses, "
-        "or a 16-bit / 32-bit / float image that 8-bit RGB would clip"
+        "the media cannot be taken faithfully: a modality the model does not encode (audio for a "
+        "vision-language model), an aspect ratio or frame count the profile refuses, or a 16-bit / "
+        "32-bit / float image that 8-bit RGB would clip"
     ),
     Reason.TOO_LONG: "more tokens than tokenize.max_tokens under the configured over-length policy",
     Reason.NO_SUPERVISED_TOKENS: "no token is left to train on after loss masking",

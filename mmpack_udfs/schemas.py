@@ -17,23 +17,25 @@ from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.io import fs
 
 # Turn texts in the samples table mark media with these placeholders, whatever the input used.
-IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER = "<image>", "<video>"
-# either placeholder, as one group (``split`` keeps them)
+IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, AUDIO_PLACEHOLDER = "<image>", "<video>", "<audio>"
+# either vision placeholder, as one group (``split`` keeps them); a sample with audio reaches no
+# family that reads its texts with this: the vision families refuse audio items first
 MEDIA_PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
-AUDIO_PLACEHOLDER = "<audio>"  # recognised only to refuse it: no profile encodes audio
 
 TURN = pa.struct([("role", pa.string()), ("text", pa.string())])
 
 MEDIA = pa.struct(
     [
-        ("kind", pa.string()),  # "image" | "video"
+        ("kind", pa.string()),  # "image" | "video" | "audio"
         ("uri", pa.string()),  # resolved: absolute local path or s3:// URI
         ("file_bytes", pa.int64()),
-        ("width", pa.int32()),
+        ("width", pa.int32()),  # images and videos
         ("height", pa.int32()),
-        ("frames", pa.int32()),  # video only
+        ("frames", pa.int32()),  # video: frames that decode; audio: samples per channel, decoded
         ("fps", pa.float64()),  # video only
-        ("duration", pa.float64()),  # video only, seconds
+        ("duration", pa.float64()),  # video and audio, seconds
+        ("sample_rate", pa.int32()),  # audio only: the stream's rate, as stored
+        ("channels", pa.int32()),  # audio only
     ]
 )
 

@@ -231,9 +231,7 @@ class ColumnsConfig(Section):
     )
     videos: OptionalKey = Field(None, description="the videos, as images")
     image: OptionalKey = Field(None, description="a single image")
-    audios: OptionalKey = Field(
-        None, description="audio (no profile encodes it: such records are quarantined)"
-    )
+    audios: OptionalKey = Field(None, description="the audio clips, as images (`<audio>` placeholders)")
     prompt: OptionalKey = Field(None, description="alpaca: the instruction")
     query: OptionalKey = Field(None, description="alpaca: the input, appended to the instruction")
     response: OptionalKey = Field(None, description="alpaca: the output")
@@ -345,6 +343,9 @@ class NormalizeConfig(Section):
     )
     video_check_frames: PositiveInt = Field(
         1, description="frames that must decode for a video to be accepted"
+    )
+    max_audio_seconds: Seconds = Field(
+        1200, description="audio longer than this is quarantined (`audio_too_long`)"
     )
     split_bytes: PositiveInt = Field(67108864, description="JSONL files are read in byte ranges of this size")
     rows_per_file: PositiveInt = Field(

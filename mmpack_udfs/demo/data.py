@@ -4,7 +4,9 @@
 
     out_dir/media/images/*.jpg|png     Pillow-drawn images, many sizes and aspect ratios
     out_dir/media/videos/*.mp4|avi     short OpenCV-written clips
-    out_dir/media/bad/...              corrupt, truncated, bomb and frameless media
+    out_dir/media/bad/...              corrupt, truncated, bomb and frameless media; empty,
+                                       cut, endless and undecodable audio
+    out_dir/media/sounds/*.wav         a real clip (tones), for the audio samples
     out_dir/outside/secret.jpg         a file outside the media root (symlink target)
     out_dir/data/sharegpt.jsonl        ``conversations``/``from``/``value`` dialect
     out_dir/data/openai.json           ``messages``/``role``/``content`` dialect, JSON array
@@ -18,6 +20,7 @@ About 3 % of the records are bad, covering every quarantine reason code, and abo
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -75,7 +78,8 @@ class DemoData:
     records: int
     bad_records: int
     duplicates: int
-    tokenize_rejects: int  # valid samples a default tokenize quarantines (too long, panorama, 1 frame)
+    # valid samples a default tokenize quarantines (too long, panorama, 1 frame, audio)
+    tokenize_rejects: int
 
 
 def generate(
@@ -113,13 +117,15 @@ def generate(
     thirds = [good[0::3], good[1::3], good[2::3]]
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng)
+    _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng, _audio_records(root, bad))
     openai = [_to_openai(r, form=i % 3) for i, r in enumerate(thirds[1])]
     json_paths = _write_json(data, "openai", openai + bad_records["openai"], rng)
     _write_parquet(data / "custom.parquet", [_to_custom(r) for r in thirds[2]] + bad_records["custom"])
     config = _write_config(root, json_paths)
-    n_bad = sum(len(v) for v in bad_records.values())
-    return DemoData(root, config, len(good) + n_bad, n_bad, n_dups, tokenize_rejects=3)
+    n_bad = sum(len(v) for v in bad_records.values()) + AUDIO_BAD_RECORDS
+    n_audio = len(_audio_records(root, bad)) - AUDIO_BAD_RECORDS
+    # the audio samples are valid; a vision-language model's tokenize quarantines them
+    return DemoData(root, config, len(good) + n_audio + n_bad, n_bad, n_dups, tokenize_rejects=3 + n_audio)
 
 
 # --- media ---------------------------------------------------------------------------
@@ -242,7 +248,81 @@ def _write_bad_media(root: Path) -> dict[str, str]:
         "symlink": "bad/link_out.jpg",
         "panorama": "bad/panorama.png",
         "one_frame": "bad/one_frame.avi",
+        **_write_audio(root),
     }
+
+
+AUDIO_RATE = 16_000
+
+
+def _wav(samples: np.ndarray, rate: int = AUDIO_RATE, fmt_tag: int = 1) -> bytes:
+    """A 16-bit PCM WAV file of ``samples`` (float in [-1, 1]); ``fmt_tag``: its codec tag."""
+    data = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+    fmt = struct.pack("<HHIIHH", fmt_tag, 1, rate, 2 * rate, 2, 16)
+    body = (
+        b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    )
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def _tones(seconds: float, rate: int = AUDIO_RATE, pitch: float = 440.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return 0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+
+
+def _write_audio(root: Path) -> dict[str, str]:
+    """Two real clips and one bad audio file per audio reason code; references by purpose."""
+    sounds, bad = root / "media" / "sounds", root / "media" / "bad"
+    sounds.mkdir(parents=True, exist_ok=True)
+    (sounds / "chime.wav").write_bytes(_wav(_tones(1.3)))
+    (sounds / "hum.wav").write_bytes(_wav(_tones(2.7, 22_050, 220.0), 22_050))
+    whole = _wav(_tones(1.0))
+    (bad / "empty.wav").write_bytes(b"")
+    (bad / "cut.wav").write_bytes(whole[: len(whole) // 2])
+    (bad / "unknown_codec.wav").write_bytes(_wav(_tones(0.1), fmt_tag=0x1234))
+    # longer than normalize.max_audio_seconds (1200 s): 1201 s of 1 kHz silence, 2.4 MB
+    (bad / "endless.wav").write_bytes(_wav(np.zeros(1201 * 1000), rate=1000))
+    return {
+        "audio": "sounds/chime.wav",
+        "audio_22k": "sounds/hum.wav",
+        "empty_audio": "bad/empty.wav",
+        "cut_audio": "bad/cut.wav",
+        "unknown_codec_audio": "bad/unknown_codec.wav",
+        "endless_audio": "bad/endless.wav",
+    }
+
+
+AUDIO_BAD_RECORDS = 6  # the first records of ``_audio_records``
+
+
+def _audio_records(root: Path, bad: dict) -> list[dict]:
+    """Audio records, at the end of the JSONL file: one per audio reason code (and one audio part
+    of a kind no model reads), then valid samples in each form audio comes in."""
+
+    def sound(text: str, audios: list, answer: str = "A tone.") -> dict:
+        turns = [{"from": "human", "value": text}, {"from": "gpt", "value": answer}]
+        return {"conversations": turns, "audios": audios}
+
+    def parts(*content: dict) -> dict:
+        return {
+            "conversations": [{"from": "human", "value": list(content)}, {"from": "gpt", "value": "A tone."}]
+        }
+
+    inline = base64.b64encode((root / "media" / bad["audio"]).read_bytes()).decode()
+    return [
+        sound("<audio> What is this?", [bad["empty_audio"]]),
+        sound("<audio> What is this?", [bad["cut_audio"]]),
+        sound("<audio> What is this?", [bad["unknown_codec_audio"]]),
+        sound("<audio> What is this?", [bad["endless_audio"]]),
+        sound("<audio> Any sound here?", [bad["one_frame"]]),  # a video without audio
+        parts({"type": "hologram", "url": "h.bin"}, {"type": "text", "text": "What is it?"}),
+        sound("<audio> What do you hear?", [bad["audio"]], "A chime that swells and fades."),
+        sound("Compare <audio> and <audio>.", [bad["audio"], bad["audio_22k"]], "The second is lower."),
+        parts(
+            {"type": "input_audio", "input_audio": {"data": inline, "format": "wav"}},
+            {"type": "text", "text": "Describe the sound."},
+        ),
+    ]
 
 
 def _png_with_header_size(width: int, height: int) -> bytes:
@@ -457,11 +537,12 @@ def _bad_records(rng: random.Random, images: list[str], videos: list[str], bad: 
 # --- writers -------------------------------------------------------------------------
 
 
-def _write_jsonl(path: Path, records: list[dict], bad: list, rng: random.Random) -> None:
+def _write_jsonl(path: Path, records: list[dict], bad: list, rng: random.Random, tail: list[dict]) -> None:
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
     for item in bad:
         lines.insert(rng.randrange(len(lines) + 1), item if isinstance(item, str) else json.dumps(item))
     lines.insert(len(lines) // 2, "")  # a blank line is not a record
+    lines += [json.dumps(r) for r in tail]
     path.write_text("\n".join(lines) + "\n")
 
 

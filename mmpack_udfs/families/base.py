@@ -101,6 +101,9 @@ class Family:
     chat: ClassVar[ChatFormat] = ChatFormat()  # ChatML
     chat_modes: ClassVar[tuple[str, ...]] = ("chatml",)  # the renderers its templates may need
     media_tokens: ClassVar[dict[str, MediaTokens]] = {}
+    # the kinds of media its models encode: a sample holding another (audio for a vision-language
+    # model) is quarantined at tokenize as media_unsupported
+    modalities: ClassVar[tuple[str, ...]] = ("image", "video")
     template_tokens: ClassVar[dict[str, str]] = {}  # a media item as its template writes it, if not its span
     content_parts = False  # whether its chat template reads every message's content as a list of parts
     mrope = False  # whether the language model takes 3-row multimodal rotary positions
@@ -165,6 +168,9 @@ class Family:
     def plan(self, media: Mapping[str, Any]) -> MediaPlan:
         """The plan for one probed media item (a row of the samples table's ``media``); plans
         depend only on the geometry, so they are cached."""
+        if media["kind"] not in self.modalities:
+            encoded = " and ".join(self.modalities)
+            raise Rejected(Reason.MEDIA_UNSUPPORTED, f"{media['kind']}: {self.name} encodes {encoded} only")
         key = (media["kind"], media["width"], media["height"], media["frames"], media["fps"])
         plan = self._plans.get(key)
         if plan is None:

@@ -7,6 +7,8 @@ meet them: a YCbCr or gray JPEG through libjpeg-turbo (the loader's fast path, a
 a plain 8-bit PNG's image data through zlib-ng (``png``), any other image, and a file either
 check reports on, through Pillow (JPEGs at reduced scale). It opens videos with OpenCV to
 read their geometry, frame count and fps, and decodes their frames to count those that decode.
+Audio is decoded whole by FFmpeg (``loader.audio``, the decoder every stage uses): its rate,
+channels and decoded length, and whether it is cut short.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import cv2
 import pyarrow.fs as pafs
 from PIL import Image
 
-from loader import vision
+from loader import audio, vision
 from mmpack_udfs import schemas
 from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import png
@@ -47,6 +49,7 @@ class ProbeSettings:
     max_image_pixels: int = 89_478_485
     decode_images: bool = True
     video_check_frames: int = 1
+    max_audio_seconds: float = 1200.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +57,13 @@ class MediaInfo:
     kind: str
     uri: str
     file_bytes: int
-    width: int
-    height: int
+    width: int | None  # None for audio
+    height: int | None
     frames: int | None = None
     fps: float | None = None
     duration: float | None = None
+    sample_rate: int | None = None
+    channels: int | None = None
 
     def as_row(self) -> dict:
         return {
@@ -70,6 +75,8 @@ class MediaInfo:
             "frames": self.frames,
             "fps": self.fps,
             "duration": self.duration,
+            "sample_rate": self.sample_rate,
+            "channels": self.channels,
         }
 
 
@@ -176,6 +183,8 @@ def probe_file(
     """Probe a file whose ``file_status`` is ``status``; raise Rejected if it cannot be used."""
     if kind == "image":
         return probe_image(uri, storage.read_bytes(uri), settings)
+    if kind == "audio":
+        return probe_audio(uri, uri if not fs.is_s3(uri) else storage.read_bytes(uri), status.size, settings)
     return probe_video(uri, status.size, settings, storage)
 
 
@@ -198,6 +207,9 @@ def probe_data(
     if kind == "image":
         info, image_format = _probe_image(label, data, settings)
         return info, IMAGE_SUFFIXES.get(image_format or "", suffix or ".img")
+    if kind == "audio":
+        info, container = _probe_audio(label, data, len(data), settings)
+        return info, suffix or AUDIO_SUFFIXES.get(container, ".audio")
     suffix = suffix or ".mp4"
     with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
         tmp.write(data)
@@ -316,3 +328,42 @@ def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -
     if frames <= 0 or fps <= 0 or width <= 0 or height <= 0:
         raise Rejected(Reason.VIDEO_NO_FRAMES, f"{uri}: {frames} frames at {fps} fps, {width}x{height}")
     return MediaInfo("video", uri, size, width, height, frames, fps, frames / fps)
+
+
+AUDIO_SUFFIXES = {
+    "wav": ".wav",
+    "flac": ".flac",
+    "mp3": ".mp3",
+    "ogg": ".ogg",
+    "mov,mp4,m4a,3gp,3g2,mj2": ".m4a",
+}
+AUDIO_REASONS = {
+    "unreadable": Reason.MEDIA_UNREADABLE,
+    "no_audio_stream": Reason.AUDIO_NO_STREAM,
+    "codec_unsupported": Reason.AUDIO_CODEC_UNSUPPORTED,
+    "empty": Reason.AUDIO_EMPTY,
+    "cut": Reason.AUDIO_CUT,
+}
+
+
+def probe_audio(uri: str, source: str | bytes, size: int, settings: ProbeSettings) -> MediaInfo:
+    """Rate, channels and decoded length of an audio file (a local path or its bytes), decoded
+    whole; Rejected when it is unreadable, empty, cut short or longer than the limit."""
+    return _probe_audio(uri, source, size, settings)[0]
+
+
+def _probe_audio(uri: str, source: str | bytes, size: int, settings: ProbeSettings) -> tuple[MediaInfo, str]:
+    """``probe_audio``, and the container's format as FFmpeg names it."""
+    try:
+        info = audio.probe(source)
+    except audio.AudioProblem as problem:
+        raise Rejected(AUDIO_REASONS[problem.kind], f"{uri}: {problem}") from problem
+    if info.duration > settings.max_audio_seconds:
+        raise Rejected(
+            Reason.AUDIO_TOO_LONG,
+            f"{uri}: {info.duration:.1f} s > normalize.max_audio_seconds = {settings.max_audio_seconds:g}",
+        )
+    row = MediaInfo(
+        "audio", uri, size, None, None, info.samples, None, info.duration, info.sample_rate, info.channels
+    )
+    return row, info.container

@@ -32,11 +32,10 @@ from mmpack_udfs.normalize.sharegpt import (
     _check_order,
     _content,
     _fill_slots,
-    _media_list,
     _messages,
-    _refuse_audio_column,
     _turns,
     alpaca_prompt,
+    column_media,
     detect_dialect,
 )
 from mmpack_udfs.reasons import Reason, Rejected
@@ -52,7 +51,6 @@ def parse_preference(record: Any, spec: DatasetSpec) -> Conversation:
     if not isinstance(record, dict):
         raise Rejected(Reason.MALFORMED_RECORD, f"expected an object, got {type(record).__name__}")
     prompt, chosen, rejected, m = _sides(record, spec)
-    _refuse_audio_column(record, m)
     if record.get(m.columns["weight"]) is not None:
         raise Rejected(Reason.INVALID_WEIGHT, "a preference pair takes no per-sample loss weight")
     for name, side in (("chosen", chosen), ("rejected", rejected)):
@@ -73,9 +71,7 @@ def parse_preference(record: Any, spec: DatasetSpec) -> Conversation:
             f"the chosen answer holds {_kinds(chosen_slots)}, the rejected one {_kinds(rejected_slots)}",
         )
     _check_answer_role(rejected[0], m, "rejected")
-    images = _media_list(record, m.columns["images"]) + _media_list(record, m.columns["image"])
-    videos = _media_list(record, m.columns["videos"])
-    media = _fill_slots(slots, images, videos)
+    media = _fill_slots(slots, column_media(record, m))
     return Conversation(system=system, turns=turns, media=media, rejected=rejected_text)
 
 

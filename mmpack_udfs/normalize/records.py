@@ -68,6 +68,7 @@ class NormalizeSettings:
             max_image_pixels=section.max_image_pixels,
             decode_images=section.decode_images,
             video_check_frames=section.video_check_frames,
+            max_audio_seconds=float(section.max_audio_seconds),
         )
         return cls(probe=probe, media_dir=media_dir, max_raw_chars=section.max_raw_chars)
 

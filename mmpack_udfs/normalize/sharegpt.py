@@ -6,14 +6,13 @@ Three dialects are built in, and a dataset may rename any key or role tag:
 - ``openai``:   ``messages: [{role: user|assistant|system|function_call|tool, content}]``
 - ``alpaca``:   ``instruction`` (+ ``input``), ``output``, ``system``, ``history: [[q, a], ...]``
 
-A turn's content is a string with ``<image>``/``<video>`` placeholders, or a list of
-content parts (text, image, video; media in part order). Media come as ``images``/``videos``
-lists (or one item), or a single ``image``: paths, URIs, ``data:`` URIs or inline bytes
-(Hugging Face ``Image`` structs, binary columns). Roles are normalized to ``system``,
-``user``, ``assistant``, ``function_call`` (model side) and ``tool`` (observation, user side).
-Audio (an ``audios`` column, ``<audio>`` placeholders, audio parts) is refused: no profile
-encodes it, and dropping it would train answers about sounds the model never heard.
-Records of ``ranking: true`` datasets are preference pairs, read by ``preference.py``.
+A turn's content is a string with ``<image>``/``<video>``/``<audio>`` placeholders, or a list
+of content parts (text, image, video, audio; media in part order). Media come as
+``images``/``videos``/``audios`` lists (or one item), or a single ``image``: paths, URIs,
+``data:`` URIs or inline bytes (Hugging Face ``Image``/``Audio`` structs, binary columns); an
+OpenAI ``input_audio`` part carries base64 data and its format. Roles are normalized to
+``system``, ``user``, ``assistant``, ``function_call`` (model side) and ``tool`` (observation,
+user side). Records of ``ranking: true`` datasets are preference pairs, read by ``preference.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -189,13 +189,10 @@ def parse_conversation(record: Any, spec: DatasetSpec) -> Conversation:
         raise Rejected(Reason.MALFORMED_RECORD, f"expected an object, got {type(record).__name__}")
     dialect = detect_dialect(record, spec)
     mapping = spec.mapping(dialect)
-    _refuse_audio_column(record, mapping)
     messages = _alpaca_messages(record, mapping) if dialect == "alpaca" else _messages(record, mapping)
     system, turns, slots = _turns(record, messages, mapping)
     _check_order(turns)
-    images = _media_list(record, mapping.columns["images"]) + _media_list(record, mapping.columns["image"])
-    videos = _media_list(record, mapping.columns["videos"])
-    media = _fill_slots(slots, images, videos)
+    media = _fill_slots(slots, column_media(record, mapping))
     return Conversation(system=system, turns=turns, media=media, weight=record_weight(record, mapping))
 
 
@@ -211,12 +208,13 @@ def record_weight(record: Mapping[str, Any], m: KeyMap) -> float:
     return float(value)
 
 
-def _refuse_audio_column(record: Mapping[str, Any], m: KeyMap) -> None:
-    audio = record.get(m.columns["audios"])
-    if audio not in (None, [], ""):
-        raise Rejected(
-            Reason.UNSUPPORTED_MODALITY, f"'{m.columns['audios']}': audio, which no profile encodes"
-        )
+def column_media(record: Mapping[str, Any], m: KeyMap) -> dict[str, list[MediaRef]]:
+    """The media of a record's media columns, by kind, in column order."""
+    return {
+        "image": _media_list(record, m.columns["images"]) + _media_list(record, m.columns["image"]),
+        "video": _media_list(record, m.columns["videos"]),
+        "audio": _media_list(record, m.columns["audios"]),
+    }
 
 
 def _messages(record: Mapping[str, Any], m: KeyMap) -> list[tuple[Any, Any]]:
@@ -298,7 +296,7 @@ def _turns(
         if system:
             raise Rejected(Reason.BROKEN_TURN_ORDER, "system prompt given both as key and turn")
         if any(ref is not None for _, ref in slots[:in_first]):
-            raise Rejected(Reason.PLACEHOLDER_MEDIA_MISMATCH, "an image or video part in the system prompt")
+            raise Rejected(Reason.PLACEHOLDER_MEDIA_MISMATCH, "a media part in the system prompt")
         system, turns, slots = turns[0][1], turns[1:], slots[in_first:]
     if not turns:
         raise Rejected(Reason.MISSING_CONVERSATION, "only a system prompt, no turns")
@@ -321,7 +319,7 @@ def _content(content: Any, m: KeyMap, where: str) -> tuple[str, list[Slot]]:
             texts.append(text)
             slots += [(found, None) for found in _placeholders_in(text)]
         else:
-            texts.append(IMAGE_PLACEHOLDER if kind == "image" else VIDEO_PLACEHOLDER)
+            texts.append(PLACEHOLDERS[kind])
             slots.append((kind, value))
     return "".join(texts), slots  # text parts join as chat templates render them: back to back
 
@@ -332,8 +330,13 @@ MEDIA_PART_KEYS = {  # part type → (media kind, the keys that may hold the ref
     "image_url": ("image", ("image_url", "url", "value")),
     "video": ("video", ("video", "url", "path", "value")),
     "video_url": ("video", ("video_url", "url", "value")),
+    "audio": ("audio", ("audio", "url", "path", "value")),
+    "audio_url": ("audio", ("audio_url", "url", "value")),
 }
-AUDIO_PARTS = {"audio", "audio_url", "input_audio"}
+PLACEHOLDERS = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER, "audio": AUDIO_PLACEHOLDER}
+INPUT_AUDIO = (
+    "input_audio"  # OpenAI: {"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}
+)
 
 
 def _part(part: Any, where: str) -> tuple[str, Any]:
@@ -353,9 +356,20 @@ def _part(part: Any, where: str) -> tuple[str, Any]:
         if isinstance(value, dict) and "url" in value and not _is_image_struct(value):
             value = value["url"]  # {"type": "image_url", "image_url": {"url": ...}}
         return media_kind, None if value is None else _reference(value, where)
-    if kind in AUDIO_PARTS:
-        raise Rejected(Reason.UNSUPPORTED_MODALITY, f"{where}: an {kind} part; no profile encodes audio")
+    if kind == INPUT_AUDIO:
+        return "audio", _input_audio(part.get(INPUT_AUDIO), where)
     raise Rejected(Reason.UNSUPPORTED_MODALITY, f"{where}: a content part of type {kind!r}")
+
+
+def _input_audio(value: Any, where: str) -> str:
+    """An OpenAI ``input_audio`` part's audio as a ``data:`` URI (decoded where its media are)."""
+    data = value.get("data") if isinstance(value, dict) else None
+    audio_format = value.get("format") if isinstance(value, dict) else None
+    if not isinstance(data, str) or not data or not isinstance(audio_format, str):
+        raise Rejected(
+            Reason.MALFORMED_MEDIA_FIELD, f"{where}: input_audio needs a base64 'data' string and a 'format'"
+        )
+    return f"data:audio/{audio_format};base64,{data}"
 
 
 def _is_image_struct(value: Mapping[str, Any]) -> bool:
@@ -379,16 +393,14 @@ def _reference(value: Any, where: str) -> MediaRef:
 
 
 def _canonical(text: str, m: KeyMap) -> str:
-    """``text`` with the dataset's own placeholders as ``<image>`` / ``<video>``; Rejected
-    if it holds an audio placeholder."""
-    if m.audio_placeholder in text:
-        raise Rejected(
-            Reason.UNSUPPORTED_MODALITY, f"an {m.audio_placeholder} placeholder; no profile encodes audio"
-        )
-    if m.image_placeholder != IMAGE_PLACEHOLDER:
-        text = text.replace(m.image_placeholder, IMAGE_PLACEHOLDER)
-    if m.video_placeholder != VIDEO_PLACEHOLDER:
-        text = text.replace(m.video_placeholder, VIDEO_PLACEHOLDER)
+    """``text`` with the dataset's own placeholders as ``<image>`` / ``<video>`` / ``<audio>``."""
+    for own, canonical in (
+        (m.image_placeholder, IMAGE_PLACEHOLDER),
+        (m.video_placeholder, VIDEO_PLACEHOLDER),
+        (m.audio_placeholder, AUDIO_PLACEHOLDER),
+    ):
+        if own != canonical:
+            text = text.replace(own, canonical)
     return text
 
 
@@ -420,36 +432,28 @@ def _media_list(record: Mapping[str, Any], key: str) -> list[MediaRef]:
         ) from None
 
 
-def _fill_slots(
-    slots: list[Slot], images: list[MediaRef], videos: list[MediaRef]
-) -> list[tuple[str, MediaRef]]:
-    """Media in slot order: inline references as given, the rest from the media columns."""
-    open_images = sum(1 for kind, ref in slots if kind == "image" and ref is None)
-    open_videos = sum(1 for kind, ref in slots if kind == "video" and ref is None)
-    if open_images != len(images) or open_videos != len(videos):
+def _fill_slots(slots: list[Slot], columns: Mapping[str, list[MediaRef]]) -> list[tuple[str, MediaRef]]:
+    """Media in slot order: inline references as given, the rest from the media columns
+    (``column_media``)."""
+    open_slots = {kind: sum(1 for k, ref in slots if k == kind and ref is None) for kind in PLACEHOLDERS}
+    if any(open_slots[kind] != len(columns[kind]) for kind in PLACEHOLDERS):
         raise Rejected(
             Reason.PLACEHOLDER_MEDIA_MISMATCH,
-            f"{open_images} image / {open_videos} video placeholders for {len(images)} images / "
-            f"{len(videos)} videos",
+            " / ".join(f"{open_slots[k]} {k}" for k in PLACEHOLDERS)
+            + " placeholders for "
+            + " / ".join(f"{len(columns[k])} {k}s" for k in PLACEHOLDERS),
         )
-    queues = {"image": iter(images), "video": iter(videos)}
+    queues = {kind: iter(items) for kind, items in columns.items()}
     return [(kind, ref if ref is not None else next(queues[kind])) for kind, ref in slots]
+
+
+PLACEHOLDER_KINDS = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS.values()))
+KIND_OF_PLACEHOLDER = {p: kind for kind, p in PLACEHOLDERS.items()}
 
 
 def _placeholders_in(text: str) -> list[str]:
     """The kinds of the canonical placeholders in ``text``, in order."""
-    out: list[str] = []
-    pos = 0
-    while True:
-        i, v = text.find(IMAGE_PLACEHOLDER, pos), text.find(VIDEO_PLACEHOLDER, pos)
-        if i < 0 and v < 0:
-            return out
-        if v < 0 or (0 <= i < v):
-            out.append("image")
-            pos = i + len(IMAGE_PLACEHOLDER)
-        else:
-            out.append("video")
-            pos = v + len(VIDEO_PLACEHOLDER)
+    return [KIND_OF_PLACEHOLDER[p] for p in PLACEHOLDER_KINDS.findall(text)]
 
 
 def sample_id(conversation: Conversation, media_uris: list[str]) -> str:

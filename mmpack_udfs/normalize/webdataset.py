@@ -8,9 +8,10 @@ rule). Each key is one record:
   messages, alpaca; the dataset's ``columns`` and ``tags`` apply);
 - its other members are the record's media, as inline bytes. A string of the record that
   names a member (``000001.jpg``, or its path in the tar) is that member, and so is an item
-  of the dataset's images / videos lists that gives only its extension (``jpg``,
+  of the dataset's images / videos / audios lists that gives only its extension (``jpg``,
   ``0.png``). A record that names none of its members gets them by extension, in tar
-  order: images (``jpg``, ``png``, ...) as its images, videos (``mp4``, ...) as its videos;
+  order: images (``jpg``, ``png``, ...) as its images, videos (``mp4``, ...) as its videos,
+  audio (``wav``, ``flac``, ``mp3``, ...) as its audios;
 - its position is the byte offset of its first member's header in the tar.
 
 A key without a ``json`` member is quarantined as ``missing_conversation``; a tar that ends
@@ -34,6 +35,7 @@ from mmpack_udfs.reasons import Reason
 RECORD_EXTENSION = "json"
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm"})
 VIDEO_EXTENSIONS = frozenset({"mp4", "webm", "avi", "mkv", "mov", "m4v"})
+AUDIO_EXTENSIONS = frozenset({"wav", "flac", "mp3", "ogg", "opus", "m4a", "aac"})
 DAMAGE = (tarfile.TarError, EOFError, OSError, zlib.error)
 
 
@@ -152,10 +154,15 @@ class _MemberRefs:
 
     def resolve(self, record: dict[str, Any], spec: DatasetSpec) -> dict[str, Any]:
         columns = spec.mapping(detect_dialect(record, spec)).columns
-        lists = {columns["images"], columns["image"], columns["videos"]}
+        lists = {columns["images"], columns["image"], columns["videos"], columns["audios"]}
         record = {k: self._in_list(v) if k in lists else self._named(v) for k, v in record.items()}
         if not self.index:
-            for kind, extensions in (("images", IMAGE_EXTENSIONS), ("videos", VIDEO_EXTENSIONS)):
+            by_kind = (
+                ("images", IMAGE_EXTENSIONS),
+                ("videos", VIDEO_EXTENSIONS),
+                ("audios", AUDIO_EXTENSIONS),
+            )
+            for kind, extensions in by_kind:
                 found = [e for e in self.key.members if e.rpartition(".")[2] in extensions]
                 if found and record.get(columns[kind]) in (None, []):
                     record[columns[kind]] = [self.marker(e) for e in found]

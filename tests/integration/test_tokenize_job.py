@@ -43,7 +43,12 @@ def test_every_sample_is_tokenized_or_quarantined(first_run, demo, normalized):
     samples = tables.read_arrow(table_uri(str(normalized), "samples")).num_rows
     assert counts["samples_in"] == samples == counts["tokenized_samples"] + counts["quarantined"]
     assert counts["quarantined"] == demo.tokenize_rejects
-    assert summary["reasons"] == {"media_unsupported": 2, "too_long": 1}
+    # media_unsupported: the panorama, the one-frame video and the three audio samples (Qwen2-VL
+    # encodes no audio)
+    assert summary["reasons"] == {"media_unsupported": 5, "too_long": 1}
+    quarantined = tables.read_arrow(table_uri(str(normalized), "tokenize_quarantine")).to_pylist()
+    audio = [r for r in quarantined if r["detail"].startswith("audio: ")]
+    assert len(audio) == 3 and all("encodes image and video only" in r["detail"] for r in audio)
     assert summary["units"] > 1  # several Spark tasks, each writing its own files
     rows = tokenized_rows(normalized)
     assert len(rows) == counts["tokenized_rows"] == counts["tokenized_samples"]

@@ -84,24 +84,21 @@ def test_inline_parts_and_column_media_mix_in_order():
 @pytest.mark.parametrize(
     ("record", "reason"),
     [
-        (
-            user_parts({"type": "audio", "audio": "a.wav"}, {"type": "text", "text": "?"}),
-            Reason.UNSUPPORTED_MODALITY,
-        ),
-        (user_parts({"type": "input_audio", "input_audio": {"data": "..."}}), Reason.UNSUPPORTED_MODALITY),
+        (user_parts({"type": "input_audio", "input_audio": {"data": "..."}}), Reason.MALFORMED_MEDIA_FIELD),
+        (user_parts({"type": "input_audio", "input_audio": "UklGRg=="}), Reason.MALFORMED_MEDIA_FIELD),
         (user_parts({"type": "hologram", "url": "h.bin"}), Reason.UNSUPPORTED_MODALITY),
         (user_parts({"type": "text"}), Reason.NON_STRING_CONTENT),
         (user_parts("bare string"), Reason.NON_STRING_CONTENT),
         (user_parts({"type": "image"}), Reason.PLACEHOLDER_MEDIA_MISMATCH),  # no image to take
         (user_parts({"type": "image", "image": 5}), Reason.MALFORMED_MEDIA_FIELD),
-        ({**user_parts({"type": "text", "text": "<audio> what is it?"})}, Reason.UNSUPPORTED_MODALITY),
+        ({**user_parts({"type": "text", "text": "<audio> what is it?"})}, Reason.PLACEHOLDER_MEDIA_MISMATCH),
         (
             {**user_parts({"type": "text", "text": "hi"}), "audios": ["glass.wav"]},
-            Reason.UNSUPPORTED_MODALITY,
+            Reason.PLACEHOLDER_MEDIA_MISMATCH,
         ),
         (
             {"conversations": [{"from": "human", "value": "<audio>?"}, {"from": "gpt", "value": "glass"}]},
-            Reason.UNSUPPORTED_MODALITY,
+            Reason.PLACEHOLDER_MEDIA_MISMATCH,
         ),
     ],
 )

@@ -1,0 +1,166 @@
+"""Audio bytes → waveforms, one way for every stage: FFmpeg's decoders and resampler (PyAV).
+
+normalize probes each audio with ``probe`` (it decodes every frame: a cut or corrupt file is
+found there, not in training), tokenize counts a clip's samples with ``decode``, and the
+loader computes features from the same ``decode``; so every stage sees the same waveform.
+
+Why FFmpeg: transformers 5.24 (``audio_utils.load_audio``) decodes with torchcodec, which is
+FFmpeg's decoders and ``swresample`` too, and falls back to soundfile + soxr without it.
+soundfile cannot read m4a/AAC or a video's audio track, and soxr resamples differently
+(log-mel values differ by up to ~1 after resampling; none on 16 kHz input, where no stage
+resamples). A processor sees mmpack's features when it is given ``decode``'s waveform, or
+decodes with torchcodec (``docs/audio.md``). ``DECODER`` names the decoder; the manifest
+records it and the loader refuses a pack decoded by another.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+SAMPLE_RATE = 16_000  # Whisper features: every audio model mmpack supports reads 16 kHz
+DECODER = f"pyav-{av.__version__}/libavcodec-{'.'.join(map(str, av.library_versions['libavcodec']))}"
+# a file is cut when it decodes to less than its header's duration by more than this (seconds,
+# or this share of it): codecs' priming and padding differ by a few milliseconds
+CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE = 0.1, 0.05
+
+Source = str | bytes  # a local path or the file's bytes
+
+
+class AudioProblem(ValueError):
+    """Why an audio cannot be used: ``kind`` is one of ``unreadable``, ``no_audio_stream``,
+    ``codec_unsupported``, ``empty``, ``cut``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class AudioInfo:
+    """What a probe read: the stream as stored, and its length as decoded."""
+
+    sample_rate: int
+    channels: int
+    samples: int  # per channel, as decoded (not as the header claims)
+    codec: str
+    container: str
+
+    @property
+    def duration(self) -> float:
+        return self.samples / self.sample_rate
+
+
+@contextmanager
+def _opened(source: Source) -> Iterator[tuple[av.container.InputContainer, av.audio.stream.AudioStream]]:
+    """The container and its first audio stream; AudioProblem when there is none or it has no decoder."""
+    try:
+        container = av.open(io.BytesIO(source) if isinstance(source, bytes) else source, "r")
+    except (av.FFmpegError, OSError, ValueError) as err:
+        raise AudioProblem("unreadable", f"FFmpeg cannot open it: {_reason(err)}") from err
+    try:
+        if not container.streams.audio:
+            raise AudioProblem("no_audio_stream", f"no audio stream in this {container.format.name} file")
+        stream = container.streams.audio[0]
+        if stream.codec_context is None:
+            raise AudioProblem(
+                "codec_unsupported",
+                f"FFmpeg has no decoder for this {container.format.name} file's audio codec",
+            )
+        stream.thread_type = "NONE"  # one thread: normalize's tasks already use every core
+        yield container, stream
+    finally:
+        container.close()
+
+
+def _reason(err: Exception) -> str:
+    return getattr(err, "strerror", None) or str(err)
+
+
+def _frames(container, stream, started: list[int]) -> Iterator[av.AudioFrame]:
+    """The stream's decoded frames; AudioProblem ``cut`` when decoding fails after some samples
+    (``started[0]``: samples so far), ``unreadable`` when it fails before any."""
+    try:
+        yield from container.decode(stream)
+    except av.FFmpegError as err:
+        if started[0]:
+            raise AudioProblem("cut", f"decoding stops after {started[0]} samples: {_reason(err)}") from err
+        raise AudioProblem("unreadable", f"no frame decodes: {_reason(err)}") from err
+
+
+def probe(source: Source) -> AudioInfo:
+    """Decode every frame of the first audio stream: its rate, channels and decoded length.
+    AudioProblem when it cannot be used (no stream, no decoder, nothing decodes, cut short)."""
+    if _head(source, 1)[1] == 0:
+        raise AudioProblem("empty", "the file is empty (0 bytes)")
+    with _opened(source) as (container, stream):
+        ctx = stream.codec_context
+        info = AudioInfo(ctx.sample_rate, ctx.channels, 0, ctx.name, container.format.name)
+        decoded = [0]
+        for frame in _frames(container, stream, decoded):
+            decoded[0] += frame.samples
+        declared = float(stream.duration * stream.time_base) if stream.duration else None
+    samples = decoded[0]
+    if samples == 0 or info.sample_rate <= 0:
+        raise AudioProblem("empty", "the audio stream holds no samples")
+    info = AudioInfo(info.sample_rate, info.channels, samples, info.codec, info.container)
+    if declared is not None and info.duration < declared - max(
+        CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE * declared
+    ):
+        raise AudioProblem(
+            "cut", f"decodes to {info.duration:.3f} s of the {declared:.3f} s its header declares"
+        )
+    _check_wav_data(source, info)
+    return info
+
+
+def _check_wav_data(source: Source, info: AudioInfo) -> None:
+    """A WAV file whose data chunk claims more bytes than the file holds is cut (FFmpeg quietly
+    takes the length from the file size)."""
+    if info.container != "wav":
+        return
+    head, size = _head(source, 4096)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return
+    pos = 12
+    while pos + 8 <= len(head):
+        chunk, length = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
+        if chunk == b"data":
+            streaming = length in (0, 0xFFFFFFFF)  # written before its length was known
+            if not streaming and pos + 8 + length > size:
+                raise AudioProblem(
+                    "cut", f"its data chunk declares {length} bytes, the file holds {size - pos - 8}"
+                )
+            return
+        pos += 8 + length + (length & 1)
+
+
+def _head(source: Source, count: int) -> tuple[bytes, int]:
+    if isinstance(source, bytes):
+        return source[:count], len(source)
+    with open(source, "rb") as f:
+        return f.read(count), os.fstat(f.fileno()).st_size
+
+
+def decode(source: Source, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """The first audio stream as one float32 mono waveform at ``sample_rate``: FFmpeg's
+    ``swresample`` with its default filter and downmix, as torchcodec's ``AudioDecoder(source,
+    sample_rate=..., num_channels=1)`` gives transformers."""
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+    parts: list[np.ndarray] = []
+    with _opened(source) as (container, stream):
+        decoded = [0]
+        for frame in _frames(container, stream, decoded):
+            decoded[0] += frame.samples
+            parts += [out.to_ndarray()[0] for out in resampler.resample(frame)]
+        parts += [out.to_ndarray()[0] for out in resampler.resample(None)]
+    if not parts:
+        raise AudioProblem("empty", "the audio stream holds no samples")
+    return np.concatenate(parts).astype(np.float32, copy=False)
