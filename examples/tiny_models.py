@@ -317,6 +317,22 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_config": GLM_VISION,
         **GLM_OCR_IDS,
     },
+    # Qwen2-Audio-7B-Instruct's layout: the Qwen vocabulary and its audio tokens (156032 rows as
+    # published), a Whisper-style encoder over 3000 feature frames of 128 mel bins (its 1500
+    # positions), pooled 2:1 into <|AUDIO|> tokens
+    "qwen2_audio": {
+        "text_config": {"model_type": "qwen2", **TEXT, "vocab_size": 156032},
+        "audio_config": {
+            "model_type": "qwen2_audio_encoder",
+            "d_model": 32,
+            "encoder_attention_heads": 2,
+            "encoder_ffn_dim": 64,
+            "encoder_layers": 1,
+            "num_mel_bins": 128,
+            "max_source_positions": 1500,
+        },
+        "audio_token_index": 151646,
+    },
 }
 
 
@@ -328,13 +344,12 @@ def tiny_config(model_type: str) -> dict[str, Any]:
 def tiny_model(model_type: str, seed: int = 0, attn_implementation: str = "sdpa"):
     """A random tiny model of ``model_type`` (fp32)."""
     import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoModelForMultimodalLM
 
     torch.manual_seed(seed)
     config = AutoConfig.for_model(**tiny_config(model_type))
-    model = AutoModelForImageTextToText.from_config(
-        config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
+    auto = AutoModelForMultimodalLM if model_type == "qwen2_audio" else AutoModelForImageTextToText
+    model = auto.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
     if model_type == "gemma3":  # its projection starts at zero: images would not reach the logits
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.02)
     return model.eval()

@@ -2,7 +2,8 @@
 
 normalize probes each audio with ``probe`` (it decodes every frame: a cut or corrupt file is
 found there, not in training), tokenize counts a clip's samples with ``decode``, and the
-loader computes features from the same ``decode``; so every stage sees the same waveform.
+loader computes features from the same ``decode`` (``whisper_features``: transformers' own
+WhisperFeatureExtractor, imported only there); so every stage sees the same waveform.
 
 Why FFmpeg: transformers 5.24 (``audio_utils.load_audio``) decodes with torchcodec, which is
 FFmpeg's decoders and ``swresample`` too, and falls back to soundfile + soxr without it.
@@ -15,12 +16,14 @@ records it and the loader refuses a pack decoded by another.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import av
 import numpy as np
@@ -52,6 +55,7 @@ class AudioInfo:
     samples: int  # per channel, as decoded (not as the header claims)
     codec: str
     container: str
+    samples_16k: int = 0  # of the 16 kHz mono waveform ``decode`` gives: what feature frames count
 
     @property
     def duration(self) -> float:
@@ -96,29 +100,40 @@ def _frames(container, stream, started: list[int]) -> Iterator[av.AudioFrame]:
 
 
 def probe(source: Source) -> AudioInfo:
-    """Decode every frame of the first audio stream: its rate, channels and decoded length.
-    AudioProblem when it cannot be used (no stream, no decoder, nothing decodes, cut short)."""
+    """Decode every frame of the first audio stream: its rate, channels, decoded length and the
+    length of its 16 kHz waveform. AudioProblem when it cannot be used (no stream, no decoder,
+    nothing decodes, cut short)."""
     if _head(source, 1)[1] == 0:
         raise AudioProblem("empty", "the file is empty (0 bytes)")
     with _opened(source) as (container, stream):
         ctx = stream.codec_context
-        info = AudioInfo(ctx.sample_rate, ctx.channels, 0, ctx.name, container.format.name)
-        decoded = [0]
-        for frame in _frames(container, stream, decoded):
-            decoded[0] += frame.samples
+        stored = (ctx.sample_rate, ctx.channels, ctx.name, container.format.name)
+        waveform, samples = _waveform(container, stream, SAMPLE_RATE)
         declared = float(stream.duration * stream.time_base) if stream.duration else None
-    samples = decoded[0]
-    if samples == 0 or info.sample_rate <= 0:
+    if samples == 0 or stored[0] <= 0:
         raise AudioProblem("empty", "the audio stream holds no samples")
-    info = AudioInfo(info.sample_rate, info.channels, samples, info.codec, info.container)
-    if declared is not None and info.duration < declared - max(
-        CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE * declared
-    ):
+    info = AudioInfo(stored[0], stored[1], samples, stored[2], stored[3], len(waveform))
+    tolerance = max(CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE * (declared or 0.0))
+    if declared is not None and info.duration < declared - tolerance:
         raise AudioProblem(
             "cut", f"decodes to {info.duration:.3f} s of the {declared:.3f} s its header declares"
         )
     _check_wav_data(source, info)
     return info
+
+
+def _waveform(container, stream, sample_rate: int) -> tuple[np.ndarray, int]:
+    """The stream resampled to one float32 mono waveform at ``sample_rate`` (FFmpeg's
+    ``swresample``, its default filter and downmix), and the samples decoded at its own rate."""
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+    parts: list[np.ndarray] = []
+    decoded = [0]
+    for frame in _frames(container, stream, decoded):
+        decoded[0] += frame.samples
+        parts += [out.to_ndarray()[0] for out in resampler.resample(frame)]
+    parts += [out.to_ndarray()[0] for out in resampler.resample(None)]
+    waveform = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    return waveform.astype(np.float32, copy=False), decoded[0]
 
 
 def _check_wav_data(source: Source, info: AudioInfo) -> None:
@@ -153,14 +168,39 @@ def decode(source: Source, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """The first audio stream as one float32 mono waveform at ``sample_rate``: FFmpeg's
     ``swresample`` with its default filter and downmix, as torchcodec's ``AudioDecoder(source,
     sample_rate=..., num_channels=1)`` gives transformers."""
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
-    parts: list[np.ndarray] = []
     with _opened(source) as (container, stream):
-        decoded = [0]
-        for frame in _frames(container, stream, decoded):
-            decoded[0] += frame.samples
-            parts += [out.to_ndarray()[0] for out in resampler.resample(frame)]
-        parts += [out.to_ndarray()[0] for out in resampler.resample(None)]
-    if not parts:
+        waveform, _ = _waveform(container, stream, sample_rate)
+    if not len(waveform):
         raise AudioProblem("empty", "the audio stream holds no samples")
-    return np.concatenate(parts).astype(np.float32, copy=False)
+    return waveform
+
+
+@functools.lru_cache(maxsize=4)
+def _extractor(feature_size: int, hop_length: int, n_fft: int, n_samples: int, padding_value: float):
+    # transformers' own WhisperFeatureExtractor: the features are the processor's by construction
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(
+        feature_size=feature_size,
+        sampling_rate=SAMPLE_RATE,
+        hop_length=hop_length,
+        chunk_length=n_samples // SAMPLE_RATE,
+        n_fft=n_fft,
+        padding_value=padding_value,
+    )
+
+
+def whisper_features(waveform: np.ndarray, settings: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """One clip's log-mel features [feature_size, frames] and their mask [frames], as
+    Qwen2AudioProcessor computes them for the clip alone: padded (or cut) to ``n_samples``
+    (``settings``: the profile's ``audio`` section)."""
+    keys = ("feature_size", "hop_length", "n_fft", "n_samples", "padding_value")
+    extractor = _extractor(*(settings[k] for k in keys))
+    out = extractor(
+        waveform,
+        sampling_rate=SAMPLE_RATE,
+        return_attention_mask=True,
+        padding="max_length",
+        return_tensors="np",
+    )
+    return out["input_features"][0], out["attention_mask"][0]

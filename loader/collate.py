@@ -30,6 +30,8 @@ VISION_INPUTS = (  # concatenated across bins in order
     "image_position_ids",  # Gemma 4
     "video_position_ids",
     "num_frames_per_video",
+    "input_features",  # audio (Qwen2-Audio): one clip's log-mel features per row
+    "feature_attention_mask",
 )
 
 

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader import balance, plan, vision
+from loader import audio, balance, plan, vision
 from loader.source import ShardError, ShardSource, load_manifest
 from mmpack_udfs import schemas
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
@@ -390,6 +390,7 @@ class Bins:
                 "anyres": _llava_onevision_media,
                 "squares": _square_media,
                 "soft_patches": _soft_patches_media,
+                "audio": _audio_media,
             }
             item.update(inputs[self.family.pixel_layout](media, self.family, storage, self.pixels))
         if self.family.blocks_media:  # what collate_packed builds the attention masks from
@@ -523,6 +524,30 @@ def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels
     if pixels.computed == "uint8":  # normalized on the device (normalize_pixel_values)
         out["pixel_norm"] = {"pixel_values": norm}
     return out
+
+
+def _audio_media(media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels) -> dict[str, Any]:
+    """Qwen2-Audio's input: each clip's log-mel ``input_features`` [clips, mel bins, frames] and
+    ``feature_attention_mask`` [clips, frames], computed from its FFmpeg waveform as the
+    processor computes them for the clip alone. A clip whose frames differ from the shard's
+    plan (decoded by another FFmpeg than the pack's) raises MediaDecodeError."""
+    settings = family.settings["audio"]
+    features, masks = [], []
+    for item in media:
+        data = _media_bytes(item, storage)
+        waveform = audio.decode(data if isinstance(data, bytes) else data.tobytes())
+        feature, mask = audio.whisper_features(waveform, settings)
+        if int(mask.sum()) != item["grid_t"]:
+            raise vision.MediaDecodeError(
+                f"{item['uri']}: {int(mask.sum())} feature frames, the pack planned {item['grid_t']} "
+                f"(this loader decodes with {audio.DECODER})"
+            )
+        features.append(feature)
+        masks.append(mask)
+    return {
+        "input_features": pixels.tensor(np.stack(features).astype(np.float32, copy=False)),
+        "feature_attention_mask": torch.from_numpy(np.stack(masks).astype(np.int64)),
+    }
 
 
 ZERO_ONE = (np.zeros(3, np.float32), np.ones(3, np.float32))  # Gemma 4's pixels: x / 255, no mean/std

@@ -18,9 +18,10 @@ from mmpack_udfs.io import fs
 
 # Turn texts in the samples table mark media with these placeholders, whatever the input used.
 IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, AUDIO_PLACEHOLDER = "<image>", "<video>", "<audio>"
-# either vision placeholder, as one group (``split`` keeps them); a sample with audio reaches no
-# family that reads its texts with this: the vision families refuse audio items first
-MEDIA_PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+# any placeholder, as one group (``split`` keeps them)
+MEDIA_PLACEHOLDER = re.compile(
+    "(" + "|".join(re.escape(p) for p in (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, AUDIO_PLACEHOLDER)) + ")"
+)
 
 TURN = pa.struct([("role", pa.string()), ("text", pa.string())])
 
@@ -31,7 +32,8 @@ MEDIA = pa.struct(
         ("file_bytes", pa.int64()),
         ("width", pa.int32()),  # images and videos
         ("height", pa.int32()),
-        ("frames", pa.int32()),  # video: frames that decode; audio: samples per channel, decoded
+        # video: frames that decode; audio: samples of its 16 kHz mono waveform (loader.audio.decode)
+        ("frames", pa.int32()),
         ("fps", pa.float64()),  # video only
         ("duration", pa.float64()),  # video and audio, seconds
         ("sample_rate", pa.int32()),  # audio only: the stream's rate, as stored

@@ -490,6 +490,9 @@ class BalanceConfig(Section):
             "gemma4": _seven_b_llm(9.1e8, 1.5e5),
             # GLM-4.1V-9B: a 9 B LLM (40 × 4096) and its ~0.7 B ViT (24 × 1536)
             "glm4v": CostModelConfig(llm_token=5.4e10, llm_pair=9.8e5, vision_patch=4.1e9, vision_pair=4.4e5),
+            # Qwen2-Audio-7B: Qwen-7B and its Whisper-large-v3 encoder (32 × 1280); a clip is priced as
+            # its padded 30 s (1500 encoder positions), which the encoder always runs
+            "qwen2_audio": _seven_b_llm(4.0e9, 4.9e5),
         },
         description="the cost model of each profile, by profile name",
     )
@@ -506,6 +509,7 @@ CHAT_MODES = (
     "internvl",
     "llava_onevision",
     "qwen3",
+    "qwen2_audio",
     "qwen3_thinking",
     "qwen3_5",
 )  # families/chat.py: CHAT_RENDERERS
@@ -567,7 +571,8 @@ class ProfileSection(Section):
         "chatml",
         description="how turns render (families/chat.py): `chatml`, `gemma3`, `glm4v`, `glm45v`, `glm41v`, "
         "`internvl`, "
-        "`llava_onevision`, `qwen3`, `qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the one that "
+        "`llava_onevision`, `qwen2_audio`, `qwen3`, `qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the "
+        "one that "
         "reproduces the directory's chat template",
     )
 
@@ -821,6 +826,31 @@ class Gemma3Profile(ProfileSection):
     )
 
 
+class WhisperFeatures(Section):
+    """The log-mel features every clip becomes (WhisperFeatureExtractor's settings)."""
+
+    feature_size: PositiveInt = Field(128, description="mel bins per frame")
+    hop_length: PositiveInt = Field(160, description="16 kHz samples per feature frame")
+    n_fft: PositiveInt = Field(400, description="samples per STFT window")
+    n_samples: PositiveInt = Field(
+        480000, description="16 kHz samples every clip is padded to (30 s); longer clips are refused"
+    )
+    padding_value: float = Field(0.0, description="the waveform's padding")
+
+
+class Qwen2AudioProfile(ProfileSection):
+    """Qwen2-Audio in transformers (7B, 7B-Instruct): clips of up to 30 s, no images or videos."""
+
+    kind: Literal["qwen2_audio"] = Field(
+        "qwen2_audio", description="which model family the profile describes"
+    )
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("qwen2_audio", description="how turns render")
+    audio: WhisperFeatures = WhisperFeatures()
+    audio_token_id: PositiveInt = Field(
+        151646, description="id of `<|AUDIO|>` (config.json audio_token_index)"
+    )
+
+
 SOFT_TOKEN_BUDGETS = ("70", "140", "280", "560", "1120")  # Gemma 4's processors: _SUPPORTED_SOFT_TOKENS
 
 
@@ -887,7 +917,8 @@ ProfileConfig = Annotated[
     | LlavaOnevisionProfile
     | Gemma3Profile
     | Gemma4Profile
-    | GlmVProfile,
+    | GlmVProfile
+    | Qwen2AudioProfile,
     Field(discriminator="kind"),
 ]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
@@ -902,6 +933,7 @@ PROFILE_KINDS = (
     "gemma3",
     "gemma4",
     "glm4v",
+    "qwen2_audio",
 )
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen2_vl": Qwen2VLProfile,
@@ -914,6 +946,7 @@ PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "gemma3": Gemma3Profile,
     "gemma4": Gemma4Profile,
     "glm4v": GlmVProfile,
+    "qwen2_audio": Qwen2AudioProfile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v")  # patch-based (prepared media, mRoPE)
@@ -962,6 +995,7 @@ class Config(Section):
             "gemma3": Gemma3Profile(),
             "gemma4": Gemma4Profile(),
             "glm4v": GlmVProfile(),
+            "qwen2_audio": Qwen2AudioProfile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",

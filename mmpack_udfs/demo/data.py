@@ -275,7 +275,7 @@ def _write_audio(root: Path) -> dict[str, str]:
     sounds, bad = root / "media" / "sounds", root / "media" / "bad"
     sounds.mkdir(parents=True, exist_ok=True)
     (sounds / "chime.wav").write_bytes(_wav(_tones(1.3)))
-    (sounds / "hum.wav").write_bytes(_wav(_tones(2.7, 22_050, 220.0), 22_050))
+    (sounds / "hum.wav").write_bytes(_wav(_tones(1.1, 22_050, 220.0), 22_050))
     whole = _wav(_tones(1.0))
     (bad / "empty.wav").write_bytes(b"")
     (bad / "cut.wav").write_bytes(whole[: len(whole) // 2])

@@ -16,6 +16,7 @@ from mmpack_udfs.families.gemma4 import Gemma4
 from mmpack_udfs.families.glm_v import GlmV
 from mmpack_udfs.families.internvl import InternVL, InternVLChat
 from mmpack_udfs.families.llava_onevision import LlavaOnevision
+from mmpack_udfs.families.qwen2_audio import Qwen2Audio
 from mmpack_udfs.families.qwen_vl import Qwen2VL, Qwen3VL, Qwen25VL, Qwen35
 
 FAMILIES: dict[str, type[Family]] = {
@@ -29,6 +30,7 @@ FAMILIES: dict[str, type[Family]] = {
     "gemma3": Gemma3,
     "gemma4": Gemma4,
     "glm4v": GlmV,
+    "qwen2_audio": Qwen2Audio,
 }
 
 MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
@@ -46,6 +48,7 @@ MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
     "glm4v_moe": "glm4v",
     "glm46v": "glm4v",
     "glm_ocr": "glm4v",
+    "qwen2_audio": "qwen2_audio",
 }
 
 

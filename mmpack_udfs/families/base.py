@@ -170,12 +170,16 @@ class Family:
         depend only on the geometry, so they are cached."""
         if media["kind"] not in self.modalities:
             encoded = " and ".join(self.modalities)
-            raise Rejected(Reason.MEDIA_UNSUPPORTED, f"{media['kind']}: {self.name} encodes {encoded} only")
+            raise Rejected(
+                Reason.MEDIA_UNSUPPORTED, f"{media['kind']}: a {self.kind} model encodes {encoded} only"
+            )
         key = (media["kind"], media["width"], media["height"], media["frames"], media["fps"])
         plan = self._plans.get(key)
         if plan is None:
             if media["kind"] == "image":
                 plan = self.plan_image(media["width"], media["height"])
+            elif media["kind"] == "audio":
+                plan = self.plan_audio(media["frames"])
             else:
                 plan = self.plan_video(media["frames"], media["fps"], media["width"], media["height"])
             if len(self._plans) < 100_000:
@@ -186,6 +190,10 @@ class Family:
         raise NotImplementedError
 
     def plan_video(self, frames: int, fps: float, width: int, height: int) -> MediaPlan:
+        raise NotImplementedError
+
+    def plan_audio(self, samples: int) -> MediaPlan:
+        """A clip of ``samples`` samples of its 16 kHz mono waveform (``loader.audio.decode``)."""
         raise NotImplementedError
 
     def media_layout(self, plan: MediaPlan) -> list[LayoutElement]:

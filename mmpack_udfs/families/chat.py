@@ -33,6 +33,8 @@ refused). The renderers:
 - ``glm45v``: GLM-4.5V. As ``glm4v``, without the newline after a tool response.
 - ``glm41v``: GLM-4.1V-9B-Thinking. Role-token turns, contents as they are (no think block of its
   own); its template drops tool turns, so samples with one are refused (``template_refuses``).
+- ``qwen2_audio``: Qwen2-Audio. ChatML; the k-th clip of a conversation is written
+  ``Audio k: `` + the clip + a newline (its template's audio part).
 - ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
   carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
 
@@ -52,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, MEDIA_PLACEHOLDER
+from mmpack_udfs.schemas import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, MEDIA_PLACEHOLDER
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_response>", "</tool_response>"
@@ -102,6 +104,24 @@ class InternVL(ChatML):
             TurnLayout(layout.role, MEDIA_PLACEHOLDER.sub(r"\1\n", layout.body))
             for layout in super().turns(turns)
         ]
+
+
+class Qwen2Audio(ChatML):
+    """Qwen2-Audio: ChatML, each clip labelled with its number in the conversation and followed
+    by a newline."""
+
+    name = "qwen2_audio"
+
+    def turns(self, turns: Sequence[Mapping[str, str]]) -> list[TurnLayout]:
+        out, count = [], 0
+        for layout in super().turns(turns):
+            pieces = layout.body.split(AUDIO_PLACEHOLDER)
+            body = pieces[0]
+            for piece in pieces[1:]:
+                count += 1
+                body += f"Audio {count}: {AUDIO_PLACEHOLDER}\n{piece}"
+            out.append(TurnLayout(layout.role, body))
+        return out
 
 
 class LlavaOnevision(ChatML):
@@ -329,7 +349,7 @@ THINK_TAG = re.compile(f"({re.escape(THINK_OPEN)}|{re.escape(THINK_CLOSE)})")
 CHAT_RENDERERS: dict[str, ChatML] = {
     r.name: r
     for r in (
-        ChatML(), Gemma3(), Gemma4(), Glm(), Glm45(), Glm41(), InternVL(), LlavaOnevision(), Qwen3(),
-        Qwen3Thinking(), Qwen35(),
+        ChatML(), Gemma3(), Gemma4(), Glm(), Glm45(), Glm41(), InternVL(), LlavaOnevision(), Qwen2Audio(),
+        Qwen3(), Qwen3Thinking(), Qwen35(),
     )
 }  # fmt: skip

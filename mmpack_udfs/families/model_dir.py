@@ -793,8 +793,66 @@ def fetch(uri: str, storage: fs.Storage, files: RemoteFiles) -> str:
     return str(target)
 
 
+# transformers' WhisperFeatureExtractor class defaults (5.24), which Qwen2-Audio's directories use
+WHISPER_DEFAULTS = {
+    "feature_size": 80,
+    "sampling_rate": 16000,
+    "hop_length": 160,
+    "chunk_length": 30,
+    "n_fft": 400,
+    "padding_value": 0.0,
+    "dither": 0.0,
+}
+QWEN2_AUDIO_TOKENS = (  # config.json key -> the tokenizer's token
+    ("audio_token_index", "<|AUDIO|>"),
+    ("audio_bos_token_id", "<|audio_bos|>"),
+    ("audio_eos_token_id", "<|audio_eos|>"),
+)
+
+
+def _qwen2_audio_profile(
+    path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]
+) -> dict:
+    """Qwen2-Audio: the Whisper features' settings from preprocessor_config.json, checked against
+    config.json (mel bins, the encoder's 30 s of frames, the audio token ids); refused where
+    mmpack's features would differ (another rate, dithering, normalizing)."""
+    file = _processor_file(path, "preprocessor_config.json", "feature_extractor")
+    if file is None:
+        raise ConfigError(
+            f"tokenize.model: {source} has no preprocessor_config.json, which a {kind} model needs"
+        )
+    features = {**WHISPER_DEFAULTS, **{k: v for k, v in file.items() if v is not None}}
+    n_samples = features["chunk_length"] * features["sampling_rate"]
+    audio_config = config.get("audio_config") or {}
+    frames = 2 * audio_config.get("max_source_positions", 1500)  # the encoder's first conv strides 2
+    problems = [
+        f"{key} {features.get(key)!r} (mmpack reproduces {value!r})"
+        for key, value in (("sampling_rate", 16000), ("dither", 0.0), ("do_normalize", None))
+        if features.get(key) != value
+    ]
+    if n_samples // features["hop_length"] != frames:
+        problems.append(f"{n_samples // features['hop_length']} frames per clip, the encoder takes {frames}")
+    if features["feature_size"] != audio_config.get("num_mel_bins", 128):
+        problems.append(f"feature_size {features['feature_size']}, the encoder's num_mel_bins differ")
+    if problems:
+        raise ConfigError(f"tokenize.model: {source}: preprocessor_config.json: {'; '.join(problems)}")
+    profile = PROFILE_MODELS[kind]().model_dump()
+    profile["audio"] = {
+        "feature_size": features["feature_size"],
+        "hop_length": features["hop_length"],
+        "n_fft": features["n_fft"],
+        "n_samples": n_samples,
+        "padding_value": features["padding_value"],
+    }
+    ids = {token: _check_token_id(path, source, config, key, token) for key, token in QWEN2_AUDIO_TOKENS}
+    profile["audio_token_id"] = ids["<|AUDIO|>"]
+    profile["default_system"] = ""  # set from the chat template (families.chat_check)
+    return profile
+
+
 # the profile reader of each family whose directory is not read as Qwen-VL's (_qwen_profile)
 DIRECTORY_READERS = {
+    "qwen2_audio": _qwen2_audio_profile,
     "internvl": _internvl_profile,
     "llava_onevision": _llava_onevision_profile,
     "gemma3": _gemma3_profile,

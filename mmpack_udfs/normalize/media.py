@@ -364,6 +364,6 @@ def _probe_audio(uri: str, source: str | bytes, size: int, settings: ProbeSettin
             f"{uri}: {info.duration:.1f} s > normalize.max_audio_seconds = {settings.max_audio_seconds:g}",
         )
     row = MediaInfo(
-        "audio", uri, size, None, None, info.samples, None, info.duration, info.sample_rate, info.channels
+        "audio", uri, size, None, None, info.samples_16k, None, info.duration, info.sample_rate, info.channels
     )
     return row, info.container

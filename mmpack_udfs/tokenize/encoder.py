@@ -541,8 +541,8 @@ def _assemble(sample_id: str, sample, plans, pieces, enc: Encoded) -> Tokenized:
         result.media.append(_media_row(sample["media"][index], plan, starts))
         if plan.kind == "image":
             result.image_tokens += plan.num_tokens
-        else:
-            result.video_tokens += plan.num_tokens
+        elif plan.kind == "video":
+            result.video_tokens += plan.num_tokens  # audio tokens: counted with the text's (text_tokens)
     return result
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import MediaPlan
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import IMAGE_PLACEHOLDER, MEDIA_PLACEHOLDER
+from mmpack_udfs.schemas import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, MEDIA_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 PLACEHOLDER = MEDIA_PLACEHOLDER
 Turns = list[dict[str, str]]
@@ -81,11 +81,16 @@ def messages(
         if not PLACEHOLDER.search(turn["text"]) and not parts_only:
             out.append({"role": role, "content": turn["text"]})
             continue
-        content = [
-            {"type": p[1:-1]} if PLACEHOLDER.fullmatch(p) else {"type": "text", "text": p} for p in parts
-        ]
+        content = [_part(p) if PLACEHOLDER.fullmatch(p) else {"type": "text", "text": p} for p in parts]
         out.append({"role": role, "content": content})
     return out
+
+
+def _part(placeholder: str) -> dict[str, str]:
+    """A media item as a content part; a clip also by its key (Qwen2-Audio's published template
+    finds clips by ``'audio' in content``)."""
+    kind = placeholder[1:-1]
+    return {"type": kind, "audio": "clip.wav"} if kind == "audio" else {"type": kind}
 
 
 def template_ids(
@@ -146,7 +151,8 @@ def chosen_renderer(settings, template: str, source: str) -> str:
 
 def _first_difference(sample_tokenizer, hf, template: str) -> str | None:
     compared = 0
-    for system, turns in PROBES:
+    for system, probe in PROBES:
+        turns = _for_modalities(probe, sample_tokenizer.profile.modalities)
         plans = [_template_plan(m) for m in PLACEHOLDER.findall("".join(t["text"] for t in turns))]
         try:
             expected = template_ids(hf, template, system, turns, sample_tokenizer.profile.content_parts)
@@ -177,7 +183,17 @@ def _first_difference(sample_tokenizer, hf, template: str) -> str | None:
     return None
 
 
+KIND = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video", AUDIO_PLACEHOLDER: "audio"}
+
+
+def _for_modalities(turns: Turns, modalities: Sequence[str]) -> Turns:
+    """The probe's turns with its image and video placeholders as audio ones, for a family that
+    encodes audio only (Qwen2-Audio)."""
+    if "image" in modalities:
+        return turns
+    return [{**t, "text": PLACEHOLDER.sub(AUDIO_PLACEHOLDER, t["text"])} for t in turns]
+
+
 def _template_plan(placeholder: str) -> MediaPlan:
     """A media item as the template writes it: one pad between the wrappers."""
-    kind = "image" if placeholder == IMAGE_PLACEHOLDER else "video"
-    return MediaPlan(kind, (1, 1, 1), 1, (0, 0))
+    return MediaPlan(KIND[placeholder], (1, 1, 1), 1, (0, 0))

@@ -48,7 +48,9 @@ def test_every_sample_is_tokenized_or_quarantined(first_run, demo, normalized):
     assert summary["reasons"] == {"media_unsupported": 5, "too_long": 1}
     quarantined = tables.read_arrow(table_uri(str(normalized), "tokenize_quarantine")).to_pylist()
     audio = [r for r in quarantined if r["detail"].startswith("audio: ")]
-    assert len(audio) == 3 and all("encodes image and video only" in r["detail"] for r in audio)
+    assert len(audio) == 3 and all(
+        r["detail"] == "audio: a qwen2_vl model encodes image and video only" for r in audio
+    )
     assert summary["units"] > 1  # several Spark tasks, each writing its own files
     rows = tokenized_rows(normalized)
     assert len(rows) == counts["tokenized_rows"] == counts["tokenized_samples"]

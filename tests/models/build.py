@@ -42,6 +42,8 @@ MODELS = {
     "glm4v_moe": ("glm4_5v", "glm4v_moe", "glm", "chat_template.jinja"),
     "glm46v": ("glm4_6v", "glm46v", "glm", "chat_template.jinja"),
     "glm_ocr": ("glm_ocr", "glm_ocr", "glm", "chat_template.jinja"),
+    # Qwen2-Audio-7B-Instruct (published/qwen2_audio/SOURCE.md): the Qwen2 vocabulary, its audio tokens
+    "qwen2_audio": ("qwen2_audio", "qwen2_audio", "qwen2", "chat_template.jinja"),
 }
 # The GLM-4/4.5 pre-tokenizer (THUDM tokenization_chatglm.py), over the ranks of splintr-rs' "glm4"
 GLM_PATTERN = (

@@ -1,0 +1,113 @@
+"""Qwen2-Audio (``model_type: qwen2_audio``) from its model directory, against transformers on the
+same files: the demo's audio samples (16 kHz and 22.05 kHz WAV, two clips in a turn, OpenAI
+``input_audio`` bytes) and its text-only samples get the ids, labels and tokens per clip that
+Qwen2AudioProcessor and the published chat template give; its image and video samples are
+quarantined (``media_unsupported``); the loader's features are the processor's; and a tiny random
+Qwen2AudioForConditionalGeneration gives each packed sample the logits and loss it gets alone
+with the processor's features (SDPA, eager)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from loader import PackedDataset, collate_packed
+from mmpack_udfs.io import tables
+from mmpack_udfs.schemas import table_uri
+from mmpack_udfs.validate import stage as validate
+from tests.conftest import PARITY_BUDGET
+from tests.integration.test_family_tokens import oracle_references
+from tests.loader.test_model_parity import assert_each_sample_alone, with_attention
+from tests.models.build import tiny_models
+from tests.oracles import qwen2_audio as oracle
+
+pytestmark = pytest.mark.spark
+
+AUDIO = 151646  # <|AUDIO|>
+
+
+@pytest.fixture(scope="module")
+def qwen2_audio(family_run, tmp_path_factory):
+    """The run, its tokenized rows and transformers' reference of every row."""
+    run = family_run("qwen2_audio")
+    rows, refs, _ = oracle_references(run, oracle, tmp_path_factory.mktemp("qwen2_audio"))
+    return run, rows, refs
+
+
+def test_every_sample_has_the_ids_labels_and_tokens_transformers_gives(qwen2_audio):
+    run, rows, refs = qwen2_audio
+    assert (run.ctx.config.profile.kind, run.ctx.config.profile.chat) == ("qwen2_audio", "qwen2_audio")
+    clips = 0
+    for row in rows:
+        ref = refs[row["sample_id"]]
+        assert row["input_ids"] == ref["input_ids"], row["sample_id"]
+        assert row["labels"] == ref["labels"], row["sample_id"]
+        assert [m["num_tokens"] for m in row["media"]] == ref["tokens"], row["sample_id"]
+        if row["media"]:
+            assert [m["grid_t"] for m in row["media"]] == ref["feature_attention_mask"].sum(-1).tolist()
+        clips += len(row["media"])
+    assert clips == 4 and any(len(r["media"]) == 2 for r in rows)
+    assert len(rows) >= 10  # the text-only samples too
+
+
+def test_image_and_video_samples_are_quarantined(qwen2_audio):
+    run, _, _ = qwen2_audio
+    quarantined = tables.read_arrow(table_uri(str(run.output), "tokenize_quarantine")).to_pylist()
+    unsupported = [q for q in quarantined if q["reason"] == "media_unsupported"]
+    assert len(unsupported) >= 30
+    assert all(q["detail"].startswith(("image: ", "video: ")) for q in unsupported)
+
+
+@functools.cache
+def audio_bins(packed: str) -> list[dict]:
+    """The pack's bins holding a clip."""
+    return [b for b in PackedDataset(packed, shuffle=False) if "input_features" in b]
+
+
+def test_the_loaders_features_are_the_processors(family_run, qwen2_audio):
+    _, _, refs = qwen2_audio
+    small = family_run("qwen2_audio", PARITY_BUDGET)
+    seen = 0
+    for bin_ in audio_bins(str(small.output / "packed")):
+        clips = [refs[s] for s in bin_["sample_ids"] if refs[s]["input_features"] is not None]
+        expected = np.concatenate([r["input_features"] for r in clips])
+        np.testing.assert_array_equal(bin_["input_features"].numpy(), expected)
+        masks = np.concatenate([r["feature_attention_mask"] for r in clips])
+        np.testing.assert_array_equal(bin_["feature_attention_mask"].numpy(), masks)
+        seen += len(expected)
+    assert seen == 4  # the demo's clips, each once
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_equals_each_sample_alone(family_run, qwen2_audio, attention):
+    _, _, refs = qwen2_audio
+    small = family_run("qwen2_audio", PARITY_BUDGET)
+    model = with_attention(tiny_models().tiny_model("qwen2_audio", seed=5), attention)
+    checked = 0
+    for bin_ in audio_bins(str(small.output / "packed")):
+        batch = collate_packed([bin_])
+        with torch.no_grad():
+            packed = model(**batch)
+        media = []
+        for sample_id in batch.meta["sample_ids"]:
+            ref = refs[sample_id]
+            mine = {}
+            if ref["input_features"] is not None:
+                mine["input_features"] = torch.from_numpy(ref["input_features"])
+                mine["feature_attention_mask"] = torch.from_numpy(ref["feature_attention_mask"])
+            media.append(mine)
+
+        def alone(ids, labels, mine):
+            return model(input_ids=ids, labels=labels, use_cache=False, **mine)
+
+        checked += assert_each_sample_alone(batch, packed, media, alone)
+    bins = audio_bins(str(small.output / "packed"))
+    assert checked > len(bins) and any(len(b["sample_ids"]) > 1 for b in bins)  # clips beside other samples
+
+
+def test_validate_accepts_the_shards(spark, qwen2_audio):
+    summary = validate.run(spark, qwen2_audio[0].ctx)
+    assert summary["ok"], summary["problems"]
