@@ -20,7 +20,6 @@ About 3 % of the records are bad, covering every quarantine reason code, and abo
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import random
@@ -117,13 +116,13 @@ def generate(
     thirds = [good[0::3], good[1::3], good[2::3]]
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng, _audio_records(root, bad))
+    _write_jsonl(data / "sharegpt.jsonl", thirds[0], bad_records["sharegpt"], rng, _audio_records(bad))
     openai = [_to_openai(r, form=i % 3) for i, r in enumerate(thirds[1])]
     json_paths = _write_json(data, "openai", openai + bad_records["openai"], rng)
     _write_parquet(data / "custom.parquet", [_to_custom(r) for r in thirds[2]] + bad_records["custom"])
     config = _write_config(root, json_paths)
     n_bad = sum(len(v) for v in bad_records.values()) + AUDIO_BAD_RECORDS
-    n_audio = len(_audio_records(root, bad)) - AUDIO_BAD_RECORDS
+    n_audio = len(_audio_records(bad)) - AUDIO_BAD_RECORDS
     # the audio samples are valid; a vision-language model's tokenize quarantines them
     return DemoData(root, config, len(good) + n_audio + n_bad, n_bad, n_dups, tokenize_rejects=3 + n_audio)
 
@@ -295,7 +294,7 @@ def _write_audio(root: Path) -> dict[str, str]:
 AUDIO_BAD_RECORDS = 6  # the first records of ``_audio_records``
 
 
-def _audio_records(root: Path, bad: dict) -> list[dict]:
+def _audio_records(bad: dict) -> list[dict]:
     """Audio records, at the end of the JSONL file: one per audio reason code (and one audio part
     of a kind no model reads), then valid samples in each form audio comes in."""
 
@@ -308,7 +307,6 @@ def _audio_records(root: Path, bad: dict) -> list[dict]:
             "conversations": [{"from": "human", "value": list(content)}, {"from": "gpt", "value": "A tone."}]
         }
 
-    inline = base64.b64encode((root / "media" / bad["audio"]).read_bytes()).decode()
     return [
         sound("<audio> What is this?", [bad["empty_audio"]]),
         sound("<audio> What is this?", [bad["cut_audio"]]),
@@ -318,10 +316,9 @@ def _audio_records(root: Path, bad: dict) -> list[dict]:
         parts({"type": "hologram", "url": "h.bin"}, {"type": "text", "text": "What is it?"}),
         sound("<audio> What do you hear?", [bad["audio"]], "A chime that swells and fades."),
         sound("Compare <audio> and <audio>.", [bad["audio"], bad["audio_22k"]], "The second is lower."),
-        parts(
-            {"type": "input_audio", "input_audio": {"data": inline, "format": "wav"}},
-            {"type": "text", "text": "Describe the sound."},
-        ),
+        # a content part by path (inline bytes, OpenAI's input_audio, would put the output root in the
+        # sample's media uri: tests/mmpack_udfs/normalize/test_audio.py covers them)
+        parts({"type": "audio", "audio": bad["audio_22k"]}, {"type": "text", "text": "Describe the sound."}),
     ]
 
 

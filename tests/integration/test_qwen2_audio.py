@@ -1,10 +1,10 @@
 """Qwen2-Audio (``model_type: qwen2_audio``) from its model directory, against transformers on the
-same files: the demo's audio samples (16 kHz and 22.05 kHz WAV, two clips in a turn, OpenAI
-``input_audio`` bytes) and its text-only samples get the ids, labels and tokens per clip that
-Qwen2AudioProcessor and the published chat template give; its image and video samples are
-quarantined (``media_unsupported``); the loader's features are the processor's; and a tiny random
-Qwen2AudioForConditionalGeneration gives each packed sample the logits and loss it gets alone
-with the processor's features (SDPA, eager)."""
+same files: the demo's audio samples (16 kHz and 22.05 kHz WAV, two clips in a turn, an
+``audios`` column and an audio content part) and its text-only samples get the ids, labels and
+tokens per clip that Qwen2AudioProcessor and the published chat template give; its image and
+video samples are quarantined (``media_unsupported``); the loader's features are the processor's;
+and a tiny random Qwen2AudioForConditionalGeneration gives each packed sample the logits and loss
+it gets alone with the processor's features (SDPA, eager)."""
 
 from __future__ import annotations
 
