@@ -1,17 +1,18 @@
 """Audio bytes → waveforms, one way for every stage: FFmpeg's decoders and resampler (PyAV).
 
-normalize probes each audio with ``probe`` (it decodes every frame: a cut or corrupt file is
-found there, not in training), tokenize counts a clip's samples with ``decode``, and the
-loader computes features from the same ``decode`` (``whisper_features``: transformers' own
-WhisperFeatureExtractor, imported only there); so every stage sees the same waveform.
+normalize probes each audio with ``probe``: it decodes every frame (a cut or corrupt file is
+found there, not in training) and counts the samples of the 16 kHz waveform that tokenize
+plans tokens from; the loader computes features from ``decode``'s waveform of the same clip
+(``whisper_features``: transformers' own WhisperFeatureExtractor, imported only there), so
+every stage sees the same waveform.
 
 Why FFmpeg: transformers 5.24 (``audio_utils.load_audio``) decodes with torchcodec, which is
 FFmpeg's decoders and ``swresample`` too, and falls back to soundfile + soxr without it.
 soundfile cannot read m4a/AAC or a video's audio track, and soxr resamples differently
 (log-mel values differ by up to ~1 after resampling; none on 16 kHz input, where no stage
 resamples). A processor sees mmpack's features when it is given ``decode``'s waveform, or
-decodes with torchcodec (``docs/audio.md``). ``DECODER`` names the decoder; the manifest
-records it and the loader refuses a pack decoded by another.
+decodes with torchcodec (``docs/models/qwen2_audio.md``). ``DECODER`` names the decoder; the
+loader refuses a clip whose feature frames differ from the pack's plan (decoded by another).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import Any
 import av
 import numpy as np
 
-SAMPLE_RATE = 16_000  # Whisper features: every audio model mmpack supports reads 16 kHz
+from mmpack_udfs.constants import AUDIO_SAMPLE_RATE
+
+SAMPLE_RATE = AUDIO_SAMPLE_RATE
 DECODER = f"pyav-{av.__version__}/libavcodec-{'.'.join(map(str, av.library_versions['libavcodec']))}"
 # a file is cut when it decodes to less than its header's duration by more than this (seconds,
 # or this share of it): codecs' priming and padding differ by a few milliseconds
@@ -106,13 +109,14 @@ def probe(source: Source) -> AudioInfo:
     if _head(source, 1)[1] == 0:
         raise AudioProblem("empty", "the file is empty (0 bytes)")
     with _opened(source) as (container, stream):
-        ctx = stream.codec_context
-        stored = (ctx.sample_rate, ctx.channels, ctx.name, container.format.name)
-        waveform, samples = _waveform(container, stream, SAMPLE_RATE)
+        ctx, decoded = stream.codec_context, [0]
+        resampled = sum(len(part) for part in _resampled(container, stream, SAMPLE_RATE, decoded))
+        info = AudioInfo(
+            ctx.sample_rate, ctx.channels, decoded[0], ctx.name, container.format.name, resampled
+        )
         declared = float(stream.duration * stream.time_base) if stream.duration else None
-    if samples == 0 or stored[0] <= 0:
+    if info.samples == 0 or info.sample_rate <= 0:
         raise AudioProblem("empty", "the audio stream holds no samples")
-    info = AudioInfo(stored[0], stored[1], samples, stored[2], stored[3], len(waveform))
     tolerance = max(CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE * (declared or 0.0))
     if declared is not None and info.duration < declared - tolerance:
         raise AudioProblem(
@@ -122,18 +126,14 @@ def probe(source: Source) -> AudioInfo:
     return info
 
 
-def _waveform(container, stream, sample_rate: int) -> tuple[np.ndarray, int]:
-    """The stream resampled to one float32 mono waveform at ``sample_rate`` (FFmpeg's
-    ``swresample``, its default filter and downmix), and the samples decoded at its own rate."""
+def _resampled(container, stream, sample_rate: int, decoded: list[int]) -> Iterator[np.ndarray]:
+    """The stream as float32 mono chunks at ``sample_rate`` (FFmpeg's ``swresample``, its default
+    filter and downmix); ``decoded[0]`` counts the samples decoded at the stream's own rate."""
     resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
-    parts: list[np.ndarray] = []
-    decoded = [0]
     for frame in _frames(container, stream, decoded):
         decoded[0] += frame.samples
-        parts += [out.to_ndarray()[0] for out in resampler.resample(frame)]
-    parts += [out.to_ndarray()[0] for out in resampler.resample(None)]
-    waveform = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-    return waveform.astype(np.float32, copy=False), decoded[0]
+        yield from (out.to_ndarray()[0] for out in resampler.resample(frame))
+    yield from (out.to_ndarray()[0] for out in resampler.resample(None))
 
 
 def _check_wav_data(source: Source, info: AudioInfo) -> None:
@@ -169,10 +169,10 @@ def decode(source: Source, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     ``swresample`` with its default filter and downmix, as torchcodec's ``AudioDecoder(source,
     sample_rate=..., num_channels=1)`` gives transformers."""
     with _opened(source) as (container, stream):
-        waveform, _ = _waveform(container, stream, sample_rate)
-    if not len(waveform):
+        parts = list(_resampled(container, stream, sample_rate, [0]))
+    if not parts:
         raise AudioProblem("empty", "the audio stream holds no samples")
-    return waveform
+    return np.concatenate(parts).astype(np.float32, copy=False)
 
 
 @functools.lru_cache(maxsize=4)

@@ -537,9 +537,10 @@ def _audio_media(media: list[dict], family: Family, storage: fs.Storage, pixels:
         data = _media_bytes(item, storage)
         waveform = audio.decode(data if isinstance(data, bytes) else data.tobytes())
         feature, mask = audio.whisper_features(waveform, settings)
-        if int(mask.sum()) != item["grid_t"]:
+        frames = int(mask.sum())
+        if frames != item["grid_t"]:
             raise vision.MediaDecodeError(
-                f"{item['uri']}: {int(mask.sum())} feature frames, the pack planned {item['grid_t']} "
+                f"{item['uri']}: {frames} feature frames, the pack planned {item['grid_t']} "
                 f"(this loader decodes with {audio.DECODER})"
             )
         features.append(feature)

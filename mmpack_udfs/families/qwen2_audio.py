@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+from mmpack_udfs.constants import AUDIO_SAMPLE_RATE
 from mmpack_udfs.families.base import Family, MediaPlan, MediaTokens
 from mmpack_udfs.reasons import Reason, Rejected
 
@@ -53,8 +54,8 @@ class Qwen2Audio(Family):
         if samples > limit:
             raise Rejected(
                 Reason.MEDIA_UNSUPPORTED,
-                f"audio of {samples / 16000:.2f} s: Qwen2-Audio's feature extractor keeps the first "
-                f"{limit / 16000:g} s and the answer would be trained on the rest",
+                f"audio of {samples / AUDIO_SAMPLE_RATE:.2f} s: Qwen2-Audio's feature extractor keeps the "
+                f"first {limit / AUDIO_SAMPLE_RATE:g} s and the answer would be trained on the rest",
             )
         frames = math.ceil(samples / hop)
         tokens = audio_tokens(frames)

@@ -121,6 +121,7 @@ def bin_plots(figures: pa.Table, manifest: Mapping[str, Any], over: Mapping[str,
     patches_limit = None
     if second.get("second_budget_by") == "vision_patches" and second.get("second_budget"):
         patches_limit = (second["second_budget"], f"second budget {second['second_budget']:,}")
+
     def per_bin(name: str) -> np.ndarray:
         return figures.column(name).to_numpy()
 

@@ -23,6 +23,7 @@ from transformers import WhisperFeatureExtractor
 from transformers.models.qwen2_audio.processing_qwen2_audio import Qwen2AudioProcessor
 
 from loader import audio
+from tests.oracles import qwen_family
 from tests.oracles.qwen_family import chat_template, labels_of
 
 PLACEHOLDER = re.compile(r"(<audio>)")
@@ -31,17 +32,8 @@ AUDIO_SPAN = re.compile(r"<\|audio_bos\|>(?:<\|AUDIO\|>)+<\|audio_eos\|>")
 
 
 def messages(system: str | None, turns: list[dict]) -> list[dict[str, Any]]:
-    """A samples-table conversation as chat messages: every turn as content parts."""
-    out = [] if system is None else [{"role": "system", "content": [{"type": "text", "text": system}]}]
-    for turn in turns:
-        role = "assistant" if turn["role"] == "function_call" else turn["role"]
-        parts = [p for p in PLACEHOLDER.split(turn["text"]) if p]
-        content = [
-            {"type": "audio", "audio": "clip.wav"} if p == "<audio>" else {"type": "text", "text": p}
-            for p in parts
-        ]
-        out.append({"role": role, "content": content if content else [{"type": "text", "text": ""}]})
-    return out
+    """A samples-table conversation as chat messages, each clip a part as users write it."""
+    return qwen_family.messages(system, turns, PLACEHOLDER, lambda _: {"type": "audio", "audio": "clip.wav"})
 
 
 def processor(model_dir: Path, tokenizer) -> Qwen2AudioProcessor:

@@ -37,15 +37,17 @@ def chat_template(model_dir: Path) -> str:
     return json.loads((model_dir / "chat_template.json").read_text())["chat_template"]
 
 
-def messages(system: str | None, turns: list[dict]) -> list[dict[str, Any]]:
-    """A samples-table conversation as chat messages: every turn as content parts."""
+def messages(
+    system: str | None, turns: list[dict], placeholder: re.Pattern = PLACEHOLDER, part=None
+) -> list[dict[str, Any]]:
+    """A samples-table conversation as chat messages: every turn as content parts (a media
+    part: ``part(placeholder)``, by default ``{"type": kind}``)."""
+    part = part or (lambda p: {"type": p[1:-1]})
     out = [] if system is None else [{"role": "system", "content": [{"type": "text", "text": system}]}]
     for turn in turns:
         role = "assistant" if turn["role"] == "function_call" else turn["role"]
-        parts = [p for p in PLACEHOLDER.split(turn["text"]) if p]
-        content = [
-            {"type": p[1:-1]} if PLACEHOLDER.fullmatch(p) else {"type": "text", "text": p} for p in parts
-        ]
+        parts = [p for p in placeholder.split(turn["text"]) if p]
+        content = [part(p) if placeholder.fullmatch(p) else {"type": "text", "text": p} for p in parts]
         out.append({"role": role, "content": content if content else [{"type": "text", "text": ""}]})
     return out
 
