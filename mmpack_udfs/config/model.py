@@ -278,8 +278,8 @@ class DatasetConfig(Section):
     )
     media_root: OptionalText = Field(
         None,
-        description="directory or s3:// prefix that media references resolve against (with dataset_info: "
-        "its folder unless given)",
+        description="directory or s3:// prefix that media paths resolve against (with dataset_info: "
+        "its folder unless given; not needed when every medium is inline)",
     )
     dataset_info: OptionalText = Field(
         None, description="a LLaMA-Factory dataset_info.json (or its folder), instead of paths"
@@ -320,8 +320,6 @@ class DatasetConfig(Section):
                 raise PydanticCustomError(
                     "mmpack_here", "'paths' is required (or 'dataset_info' with 'names')"
                 )
-            if self.media_root is None:
-                raise PydanticCustomError("mmpack_here", "'media_root' is required")
             if self.names is not None:
                 raise PydanticCustomError("mmpack_here", "'names' goes with 'dataset_info'")
         else:

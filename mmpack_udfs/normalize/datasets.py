@@ -69,7 +69,7 @@ def _expand(entry: DatasetConfig, storage: fs.Storage) -> list[DatasetSpec]:
             DatasetSpec(
                 name=entry.name,
                 paths=tuple(_resolve(p, base) for p in paths),
-                media_root=_resolve(entry.media_root, base),
+                media_root=_resolve(entry.media_root, base) if entry.media_root else None,
                 format=entry.format,
                 dialect=entry.dialect,
                 columns=_items(entry.columns),

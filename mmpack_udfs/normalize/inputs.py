@@ -105,7 +105,7 @@ def list_inputs(specs: Sequence[DatasetSpec], storage: fs.Storage = fs.LOCAL) ->
     """Every input file of every dataset, with its format; errors for empty or unknown inputs."""
     files: list[InputFile] = []
     for spec in specs:
-        if not fs.is_s3(spec.media_root) and not os.path.isdir(spec.media_root):
+        if spec.media_root and not fs.is_s3(spec.media_root) and not os.path.isdir(spec.media_root):
             raise InputError(
                 f"dataset '{spec.name}': media_root {spec.media_root} is not a directory (every "
                 "media reference would be quarantined); fix the path (relative to the config file)"
@@ -367,22 +367,17 @@ def _non_text(value: Any) -> dict[str, str]:
     return {NON_TEXT_KEY: type(value).__name__, "value": str(value)}
 
 
-def _set_aside(value: Any, blobs: list[bytes], key: str = "") -> Any:
-    """``value`` with its bytes made JSON: UTF-8 text stays text (binary columns holding
-    strings), anything else (image bytes, and every ``bytes`` of a Hugging Face ``Image``
-    struct) goes to ``blobs`` and leaves ``{BLOB_KEY: index}`` in its place."""
+def _set_aside(value: Any, blobs: list[bytes]) -> Any:
+    """``value`` with its bytes made JSON: every ``bytes`` value (image or audio bytes, a Hugging
+    Face ``Image`` struct's ``bytes``, and bytes that happen to be UTF-8 too) goes to ``blobs`` and
+    leaves ``{BLOB_KEY: index}`` in its place. Bytes are never read as text: a turn holding them
+    is quarantined (non_string_content), as a timestamp is."""
     if isinstance(value, dict):
-        return {k: _set_aside(v, blobs, k) for k, v in value.items()}
+        return {k: _set_aside(v, blobs) for k, v in value.items()}
     if isinstance(value, list):
         return [_set_aside(v, blobs) for v in value]
     if isinstance(value, bytes | bytearray | memoryview):
-        data = bytes(value)
-        if key != "bytes":
-            try:
-                return data.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-        blobs.append(data)
+        blobs.append(bytes(value))
         return {BLOB_KEY: len(blobs) - 1}
     return value
 

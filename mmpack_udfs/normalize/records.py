@@ -132,6 +132,12 @@ class RecordNormalizer:
             return self._inline(kind, blobs[ref.index], ref.name)
         if media.is_data_uri(ref):
             return self._inline(kind, media.data_uri_bytes(ref), "")
+        if spec.media_root is None:
+            raise Rejected(
+                Reason.MEDIA_MISSING,
+                f"{kind} {ref[:80]!r} is a path, and dataset '{spec.name}' has no media_root to find it "
+                "under (set media_root; inline media need none)",
+            )
         uri = media.resolve(ref, spec.media_root, self._real_dirs)
         status = media.file_status(uri, self.storage)
         key = (kind, uri, status.size, status.mtime_ns, self.settings.probe)

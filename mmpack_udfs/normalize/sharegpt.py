@@ -88,6 +88,8 @@ def kind_of(value: Any) -> str:
     """What a value is, for a message: its Python type, or the Parquet value's type it stands for."""
     if isinstance(value, dict) and isinstance(value.get(NON_TEXT_KEY), str):
         return f"a {value[NON_TEXT_KEY]} value"
+    if isinstance(value, dict) and isinstance(value.get(BLOB_KEY), int):
+        return "a binary value (bytes, not text: store text as a string column)"
     return type(value).__name__
 
 
@@ -126,7 +128,7 @@ class DatasetSpec:
 
     name: str
     paths: tuple[str, ...]
-    media_root: str
+    media_root: str | None  # None: the dataset's media are all inline (a path is quarantined)
     format: str = "auto"
     dialect: str = "auto"
     columns: tuple[tuple[str, str], ...] = ()

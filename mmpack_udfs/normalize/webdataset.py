@@ -14,7 +14,10 @@ rule). Each key is one record:
   audio (``wav``, ``flac``, ``mp3``, ...) as its audios;
 - its position is the byte offset of its first member's header in the tar.
 
-A key without a ``json`` member is quarantined as ``missing_conversation``; a tar that ends
+A key with a member that is not a regular file (a link, a folder, a FIFO or a device named
+like a member) is quarantined as ``media_unreadable`` naming it: nothing is followed. A key whose
+``json`` is not UTF-8 is ``invalid_json``, as a ``.jsonl`` line is. A key without a ``json`` member
+is quarantined as ``missing_conversation``; a tar that ends
 early or is corrupt yields the keys before the damage and one ``tar_unreadable`` record for
 the rest (the key being read when it broke included).
 """
@@ -46,10 +49,12 @@ class Key:
     name: str
     offset: int
     members: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    irregular: list[str] = field(default_factory=list)  # "name (a symbolic link)": members not read
 
     def summary(self) -> str:
         """What the key holds, for a quarantine row's ``raw``."""
-        return json.dumps({"key": self.name, "members": [n for n, _ in self.members.values()]})
+        names = [n for n, _ in self.members.values()] + self.irregular
+        return json.dumps({"key": self.name, "members": names})
 
 
 @dataclass(frozen=True)
@@ -89,14 +94,17 @@ def keys(stream: BinaryIO) -> Iterator[Key | Damage]:
         with tarfile.open(fileobj=stream, mode="r|*", tarinfo=_EndChecked) as tar:
             for info in tar:
                 offset = info.offset
-                if not info.isfile():
-                    continue
                 name, extension = split_name(info.name)
+                if not info.isfile() and _a_folder_of_the_tar(info, extension, current, name):
+                    continue
                 if current is not None and current.name != name:
                     yield current
                     current = None
                 if current is None:
                     current = Key(name, info.offset)
+                if not info.isfile():
+                    current.irregular.append(f"{info.name} ({_member_type(info)})")
+                    continue
                 data = tar.extractfile(info).read()
                 if len(data) != info.size:
                     raise EOFError(f"member {info.name} has {len(data)} of its {info.size} bytes")
@@ -111,9 +119,34 @@ def keys(stream: BinaryIO) -> Iterator[Key | Damage]:
         yield current
 
 
+def _a_folder_of_the_tar(info: tarfile.TarInfo, extension: str, current: Key | None, name: str) -> bool:
+    """Whether a non-regular member is the tar's own folder entry (``shards/``, skipped), not a
+    stand-in for a key's member: a folder without an extension, or one that does not continue
+    the key being read."""
+    return info.isdir() and (not extension or current is None or current.name != name)
+
+
+def _member_type(info: tarfile.TarInfo) -> str:
+    kinds = (
+        (info.issym(), "a symbolic link"),
+        (info.islnk(), "a hard link"),
+        (info.isdir(), "a directory"),
+        (info.isfifo(), "a FIFO"),
+        (info.ischr() or info.isblk(), "a device"),
+    )
+    return next((kind for found, kind in kinds if found), f"tar type {info.type!r}")
+
+
 def record_of(key: Key, spec: DatasetSpec) -> tuple[str | None, str | None, list[bytes]]:
     """(record JSON text, error, inline bytes) of one key: its ``json`` member with the members
     it names (or, naming none, its media by extension) as blob markers."""
+    if key.irregular:
+        return (
+            key.summary(),
+            f"{Reason.MEDIA_UNREADABLE}: key {key.name}: {', '.join(key.irregular)} is not a regular "
+            "file (tar links, folders, FIFOs and devices are not read)",
+            [],
+        )
     if RECORD_EXTENSION not in key.members:
         others = ", ".join(n for n, _ in key.members.values())
         return (
@@ -124,9 +157,17 @@ def record_of(key: Key, spec: DatasetSpec) -> tuple[str | None, str | None, list
     data = key.members[RECORD_EXTENSION][1]
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        name = key.members[RECORD_EXTENSION][0]
+        return (
+            data.decode("utf-8", errors="replace"),
+            f"{Reason.INVALID_JSON}: {name} is not UTF-8: {err}",
+            [],
+        )
+    try:
         record = json.loads(text)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return data.decode("utf-8", errors="replace"), None, []  # normalize quarantines it (invalid_json)
+    except (ValueError, RecursionError):
+        return text, None, []  # normalize quarantines it (invalid_json, with the parser's message)
     if not isinstance(record, dict):
         return text, None, []
     blobs: list[bytes] = []

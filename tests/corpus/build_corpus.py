@@ -204,6 +204,24 @@ def _timestamp_parquet(path: Path) -> None:
     pq.write_table(pa.table({"conversations": [turns]}), path)
 
 
+TAR_TYPES = (tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.DIRTYPE, tarfile.FIFOTYPE)
+
+
+def hostile_tar(members: list[tuple[str, bytes]]) -> bytes:
+    """A tar whose members are files (their bytes) or entries of another type (one of TAR_TYPES)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data in TAR_TYPES:
+                info.type, info.linkname = data, "a.jpg" if data in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
 def _webdataset(data: Path, media: Path) -> tuple[list[str], int]:
     """WebDataset tars: good keys (media by name, by extension, by neither; a caption member
     nothing names), a bad image member, a key without JSON, and a tar cut inside a key.
@@ -226,14 +244,22 @@ def _webdataset(data: Path, media: Path) -> tuple[list[str], int]:
     with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
         cut = tar.getmember("h.jpg").offset_data + len(photo) // 2
     (data / "cut.tar").write_bytes(whole[:cut])  # inside h's image
+    record_latin1 = json.dumps(sg(("human", "<image> Qu'est-ce?"), ("gpt", "Un café.")), ensure_ascii=False)
+    (data / "hostile.tar").write_bytes(hostile_tar([
+        ("k", tarfile.DIRTYPE),  # the tar's own folder entry: no record
+        ("k/l.json", record_latin1.encode("latin-1")), ("k/l.jpg", photo),
+        ("k/s.json", record()), ("k/s.jpg", tarfile.SYMTYPE),
+    ]))  # fmt: skip
     kinds = [
+        "WebDataset key: a .json member that is not UTF-8",
+        "WebDataset key: a symbolic link for its image",
         "WebDataset key: a text-only record and a caption member",
         "WebDataset key: image named by member name",
         "WebDataset key: image named by extension", "WebDataset key: image found by extension",
         "WebDataset key: a corrupt image member", "WebDataset key without JSON",
         "WebDataset tar cut inside a key",
     ]  # fmt: skip
-    return kinds, 6 + 2  # cut.tar: key g, then the damage
+    return kinds, 6 + 2 + 2  # cut.tar: key g, then the damage; hostile.tar: keys l and s
 
 
 def build(root: str | os.PathLike) -> Corpus:

@@ -136,12 +136,13 @@ def test_alpaca_records_read_as_llama_factory_reads_them():
     assert rejected.value.reason == Reason.EMPTY_ASSISTANT_TURN
 
 
-def test_parquet_bytes_are_set_aside_and_text_in_binary_stays_text():
+def test_parquet_bytes_are_set_aside_and_never_read_as_text():
     blobs = []
     row = {"text": "é".encode(), "image": {"bytes": b"ok", "path": "a.png"}, "raw": [b"\xff\xd8 jpeg"]}
     made = inputs._set_aside(row, blobs)
-    assert made == {"text": "é", "image": {"bytes": {BLOB_KEY: 0}, "path": "a.png"}, "raw": [{BLOB_KEY: 1}]}
-    assert blobs == [b"ok", b"\xff\xd8 jpeg"]
+    assert made == {"text": {BLOB_KEY: 0}, "image": {"bytes": {BLOB_KEY: 1}, "path": "a.png"},
+                    "raw": [{BLOB_KEY: 2}]}  # fmt: skip
+    assert blobs == ["é".encode(), b"ok", b"\xff\xd8 jpeg"]
     json.dumps(made)  # what travels as the raw record is JSON
 
 

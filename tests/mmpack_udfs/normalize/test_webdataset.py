@@ -3,6 +3,7 @@ quarantined with reasons and counted, and tars on S3 read as local ones."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import tarfile
@@ -17,6 +18,7 @@ from mmpack_udfs.io import fs
 from mmpack_udfs.normalize import inputs, media, records
 from mmpack_udfs.normalize.sharegpt import DatasetSpec
 from mmpack_udfs.schemas import ROW_KIND_SAMPLE
+from tests.corpus.build_corpus import hostile_tar
 
 
 def inside(root: Path, path: str) -> bool:
@@ -141,3 +143,65 @@ def test_tars_on_s3_read_as_local_ones(demo_records, s3_bucket, tmp_path):
     assert counted == 6 and [{k: r[k] for k in keep} for r in remote] == [
         {k: r[k] for k in keep} for r in local
     ]
+
+
+def test_hostile_members_and_json_that_is_not_utf8_get_reasons_of_their_own(demo_records, tmp_path):
+    """Found by hostile tars: a key's ``.json`` in Latin-1 is invalid_json (as a .jsonl line),
+    not a record that lost its image; a link, folder or FIFO standing for a key's image is
+    media_unreadable naming it; the tar's own folder entry is no record. The tar's media are
+    all inline, so the dataset needs no media_root."""
+    found, root = demo_records
+    image = next((root / r["images"][0]).read_bytes() for r in found if r.get("images"))
+    record = json.dumps(
+        {
+            "conversations": [
+                {"from": "human", "value": "<image> Qu'est-ce?"},
+                {"from": "gpt", "value": "Un café."},
+            ]
+        },
+        ensure_ascii=False,
+    )
+    latin1 = record.encode("latin-1")
+    assert latin1 != record.encode()  # "café" in Latin-1: not UTF-8
+    irregular = {"b": tarfile.SYMTYPE, "c": tarfile.LNKTYPE, "d": tarfile.DIRTYPE, "e": tarfile.FIFOTYPE}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "x.tar").write_bytes(
+        hostile_tar([
+            ("shards", tarfile.DIRTYPE),
+            ("shards/a.json", latin1), ("shards/a.jpg", image),
+            *[m for k, kind in irregular.items() for m in ((f"shards/{k}.json", record.encode()),
+                                                          (f"shards/{k}.jpg", kind))],
+            ("shards/f.json", record.encode()), ("shards/f.jpg", image),
+        ])
+    )  # fmt: skip
+    spec = DatasetSpec(name="d", paths=(str(tmp_path / "in" / "x.tar"),), media_root=None)
+    splits = inputs.plan_splits(inputs.list_inputs([spec]), 1 << 20)
+    raws = [r for s in splits for r in inputs.read_split(s, fs.LOCAL, {"d": spec})]
+    counted = sum(r["records_read"] or 0 for r in raws)
+    raws = [r for r in raws if r["records_read"] is None]
+    settings = records.NormalizeSettings(media.ProbeSettings(), media_dir=str(tmp_path / "m"))
+    rows = [records.RecordNormalizer({"d": spec}, settings)(raw) for raw in raws]
+    assert counted == len(rows) == 6
+    reasons = [r.get("reason") if r["kind"] != ROW_KIND_SAMPLE else "sample" for r in rows]
+    assert reasons == ["invalid_json", *["media_unreadable"] * 4, "sample"]
+    assert "shards/a.json is not UTF-8" in rows[0]["detail"]
+    kinds = ["a symbolic link", "a hard link", "a directory", "a FIFO"]
+    for row, (key, kind) in zip(rows[1:5], zip(irregular, kinds, strict=True), strict=True):
+        assert f"shards/{key}.jpg ({kind}) is not a regular file" in row["detail"]
+
+
+def test_a_dataset_without_media_root_takes_inline_media_and_quarantines_paths(demo_records, tmp_path):
+    found, root = demo_records
+    path = next(r["images"][0] for r in found if r.get("images"))
+    inline = "data:image/jpeg;base64," + base64.b64encode((root / path).read_bytes()).decode()
+    turns = [{"from": "human", "value": "<image> What?"}, {"from": "gpt", "value": "A."}]
+    (tmp_path / "x.jsonl").write_text(
+        "".join(json.dumps({"conversations": turns, "images": [m]}) + "\n" for m in (inline, path))
+    )
+    spec = DatasetSpec(name="d", paths=(str(tmp_path / "x.jsonl"),), media_root=None)
+    (split,) = inputs.plan_splits(inputs.list_inputs([spec]), 1 << 20)  # no media_root to check
+    raws = [r for r in inputs.read_split(split) if r["records_read"] is None]
+    settings = records.NormalizeSettings(media.ProbeSettings(), media_dir=str(tmp_path / "m"))
+    by_data_uri, by_path = (records.RecordNormalizer({"d": spec}, settings)(raw) for raw in raws)
+    assert by_data_uri["kind"] == ROW_KIND_SAMPLE
+    assert by_path["reason"] == "media_missing" and "has no media_root" in by_path["detail"]
