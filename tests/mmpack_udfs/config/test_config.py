@@ -63,6 +63,11 @@ def test_dataset_paths_are_relative_to_the_config_file(tmp_path):
     assert load_config(path).datasets[0].base_dir == str(tmp_path)
 
 
+def test_a_dataset_of_inline_media_needs_no_media_root():
+    """WebDataset tars, Parquet bytes, data: URIs: a record naming a path is quarantined instead."""
+    assert load_config(None, ["datasets=[{name: a, paths: x.tar}]"]).datasets[0].media_root is None
+
+
 def test_config_hash_ignores_spark_settings():
     a = load_config(None, ["spark.master=local[1]"])
     b = load_config(None, ["spark.master=local[4]"])
