@@ -400,8 +400,12 @@ class PackConfig(Section):
     """Stage 3: packing samples into bins and writing the shards."""
 
     budget: OptionalPositiveInt = Field(None, description="tokens per bin; `null`: `tokenize.max_tokens`")
-    second_budget_by: Annotated[str, _choice("none", "media_items", "vision_patches")] = Field(
-        "none", description="a second limit per bin: `none`, `media_items`, `vision_patches`"
+    second_budget_by: Annotated[str, _choice("none", "media_items", "vision_patches", "audio_tokens")] = (
+        Field(
+            "none",
+            description="a second limit per bin: `none`, `media_items`, `vision_patches`, `audio_tokens` "
+            "(the audio encoder's tokens)",
+        )
     )
     second_budget: OptionalPositiveInt = Field(
         None, description="that limit (required when `second_budget_by` is not `none`)"

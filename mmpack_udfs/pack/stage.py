@@ -88,7 +88,7 @@ class PackError(MmpackError, RuntimeError):
 @dataclass(frozen=True)
 class PackSettings:
     budget: int
-    second_by: str  # none | media_items | vision_patches
+    second_by: str  # none | media_items | vision_patches | audio_tokens
     second_budget: int | None
     oversize: str
     bins_per_shard: int
@@ -125,6 +125,8 @@ class PackSettings:
             return shards.list_lengths(rows.column("media"))
         if self.second_by == "vision_patches":
             return vision_tokens(rows) * VISION_PATCHES_PER_TOKEN
+        if self.second_by == "audio_tokens":
+            return audio_tokens(rows)
         return None
 
     def oversize_mask(self, lengths: np.ndarray, second: np.ndarray | None) -> np.ndarray:
@@ -327,6 +329,16 @@ def _per_item(per_row: np.ndarray, row: np.ndarray) -> np.ndarray:
 def vision_tokens(rows: pa.Table) -> np.ndarray:
     """Image + video tokens of each row."""
     return rows.column("image_tokens").to_numpy().astype(np.int64) + rows.column("video_tokens").to_numpy()
+
+
+def audio_tokens(rows: pa.Table) -> np.ndarray:
+    """Audio tokens of each row: the ``num_tokens`` of its media items of kind audio."""
+    media = rows.column("media").combine_chunks()
+    items = pc.list_flatten(media)
+    is_audio = pc.equal(pc.struct_field(items, "kind"), "audio").to_numpy(zero_copy_only=False)
+    tokens = pc.struct_field(items, "num_tokens").to_numpy(zero_copy_only=False)
+    owners = shards.owner_of_elements(shards.list_lengths(media))
+    return np.bincount(owners[is_audio], weights=tokens[is_audio], minlength=len(rows)).astype(np.int64)
 
 
 # -- executors: build and write whole shards ----------------------------------------------

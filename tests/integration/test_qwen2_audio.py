@@ -9,8 +9,11 @@ it gets alone with the processor's features (SDPA, eager)."""
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -18,7 +21,7 @@ from loader import PackedDataset, collate_packed
 from mmpack_udfs.io import tables
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.validate import stage as validate
-from tests.conftest import PARITY_BUDGET
+from tests.conftest import PARITY_BUDGET, repacked
 from tests.integration.test_family_tokens import oracle_references
 from tests.loader.test_model_parity import assert_each_sample_alone, with_attention
 from tests.models.build import tiny_models
@@ -111,3 +114,29 @@ def test_packed_equals_each_sample_alone(family_run, qwen2_audio, attention):
 def test_validate_accepts_the_shards(spark, qwen2_audio):
     summary = validate.run(spark, qwen2_audio[0].ctx)
     assert summary["ok"], summary["problems"]
+
+
+def test_a_second_budget_on_audio_tokens_bounds_each_bins_clips(spark, family_demo, qwen2_audio, tmp_path):
+    """``pack.second_budget_by=audio_tokens``: at 40, a bin holds one of the demo's clips (27 and
+    32 tokens) at most; the sample with two clips is over it and skipped with its reason, and
+    every other sample is packed."""
+    run, rows, _ = qwen2_audio
+    audio = {r["sample_id"]: sum(m["num_tokens"] for m in r["media"] if m["kind"] == "audio") for r in rows}
+    ctx = repacked(
+        spark, family_demo, run.output, tmp_path, f"tokenize.model={run.model_dir}",
+        "pack.second_budget_by=audio_tokens", "pack.second_budget=40",
+    )  # fmt: skip
+    out = Path(ctx.output)
+    manifest = json.loads((out / "packed" / "manifest.json").read_text())
+    assert manifest["config"]["pack"]["second_budget_by"] == "audio_tokens"
+    packed = set()
+    for shard in manifest["shards"]:
+        table = pq.read_table(out / "packed" / shard["path"], columns=["sample_ids", "media"])
+        for ids, media in zip(table["sample_ids"].to_pylist(), table["media"].to_pylist(), strict=True):
+            assert sum(m["num_tokens"] for m in media if m["kind"] == "audio") <= 40
+            packed.update(ids)
+    skipped = json.loads((out / "report" / "pack_skipped.json").read_text())
+    over = {s: n for s, n in audio.items() if n > 40}
+    assert len(over) == 1 and max(audio.values()) < 2 * 40  # the two-clip sample, and no single clip over
+    assert {s["sample_id"]: s["reason"] for s in skipped} == dict.fromkeys(over, "over_audio_tokens_budget")
+    assert packed == set(audio) - set(over)
