@@ -11,8 +11,9 @@ FFmpeg's decoders and ``swresample`` too, and falls back to soundfile + soxr wit
 soundfile cannot read m4a/AAC or a video's audio track, and soxr resamples differently
 (log-mel values differ by up to ~1 after resampling; none on 16 kHz input, where no stage
 resamples). A processor sees mmpack's features when it is given ``decode``'s waveform, or
-decodes with torchcodec (``docs/models/qwen2_audio.md``). ``DECODER`` names the decoder; the
-loader refuses a clip whose feature frames differ from the pack's plan (decoded by another).
+decodes with torchcodec (``docs/models/qwen2_audio.md``). ``DECODER`` names the decoder: pack
+records it in the manifest (``audio_decoder``), a loader decoding with another build refuses
+the pack, and a clip whose feature frames differ from the plan is refused too.
 """
 
 from __future__ import annotations

@@ -35,11 +35,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import mmpack_udfs
+from loader import audio
 from mmpack_udfs import runs, schemas
 from mmpack_udfs.config import Config, config_hash
 from mmpack_udfs.constants import VISION_PATCHES_PER_TOKEN
 from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import MmpackError
+from mmpack_udfs.families import FAMILIES
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import release_memory, releasing
 from mmpack_udfs.pack import costs, mix, pairs, shards
@@ -672,6 +674,7 @@ def build_manifest(
         "second_budget": {"by": settings.second_by, "max": settings.second_budget},
         "media_embedded": settings.embed_media,
         "media_encoding": "patches8" if settings.media == "prepared" else "file",
+        "audio_decoder": audio_decoder(config),
         "bins_per_row_group": settings.bins_per_row_group,
         "totals": {
             "shards": len(shard_list),
@@ -688,6 +691,12 @@ def build_manifest(
         "config": config.as_dict(),
         "config_hash": config_hash(config),
     }
+
+
+def audio_decoder(config: Config) -> str | None:
+    """The FFmpeg build (``loader.audio.DECODER``) that counted the clips' samples, which the
+    loader must decode with too; None for a family that encodes no audio."""
+    return audio.DECODER if "audio" in FAMILIES[config.profile.kind].modalities else None
 
 
 def write_cost_index(

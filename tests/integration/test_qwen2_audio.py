@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from loader import PackedDataset, collate_packed
+from loader import PackedDataset, audio, collate_packed
 from mmpack_udfs.io import tables
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.validate import stage as validate
@@ -140,3 +141,19 @@ def test_a_second_budget_on_audio_tokens_bounds_each_bins_clips(spark, family_de
     assert len(over) == 1 and max(audio.values()) < 2 * 40  # the two-clip sample, and no single clip over
     assert {s["sample_id"]: s["reason"] for s in skipped} == dict.fromkeys(over, "over_audio_tokens_budget")
     assert packed == set(audio) - set(over)
+
+
+def test_the_manifest_names_the_decoder_and_another_is_refused(qwen2_audio, tmp_path):
+    """The clips were counted with loader.audio's FFmpeg; a loader decoding with another build
+    refuses the pack before a clip's features could differ from the plan."""
+    packed = qwen2_audio[0].output / "packed"
+    manifest = json.loads((packed / "manifest.json").read_text())
+    assert manifest["audio_decoder"] == audio.DECODER and audio.DECODER.startswith("pyav-")
+    copy = tmp_path / "packed"
+    shutil.copytree(packed, copy)
+    (copy / "manifest.json").write_text(
+        json.dumps({**manifest, "audio_decoder": "pyav-0.0.0/libavcodec-1.0.0"})
+    )
+    with pytest.raises(ValueError, match=r"planned with pyav-0\.0\.0.*install the PyAV"):
+        PackedDataset(str(copy))
+    PackedDataset(str(copy), with_media=False)  # token counts alone need no decoder
