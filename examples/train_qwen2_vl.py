@@ -102,15 +102,18 @@ def load_model(name: str, seed: int, attn_implementation: str, device: torch.dev
 
 def wrap(model: torch.nn.Module, fsdp: bool) -> torch.nn.Module:
     """DDP, or FSDP2: ``fully_shard`` on every block transformers names unsplittable (decoder
-    layers, vision blocks), then on the whole model."""
+    layers, vision blocks; the outermost where they nest, as Qwen2-Audio's attention inside its
+    encoder layer), then on the whole model."""
     if not fsdp:
         # A micro-batch without images or videos leaves the vision tower out of the graph on
         # that rank only: DDP must be told to look for parameters that got no gradient.
         return DistributedDataParallel(model, find_unused_parameters=True)
     blocks = set(getattr(model, "_no_split_modules", None) or ())
+    sharded: set[int] = set()  # the modules inside a sharded block
     for module in model.modules():
-        if type(module).__name__ in blocks:
+        if type(module).__name__ in blocks and id(module) not in sharded:
             fully_shard(module)
+            sharded.update(id(inner) for inner in module.modules())
     fully_shard(model)
     return model
 

@@ -26,7 +26,7 @@ from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.families import FAMILIES, MODEL_TYPES
 from mmpack_udfs.families.base import IdleMedia
 
-MEDIA_INPUTS = ("pixel_values", "pixel_values_videos")
+MEDIA_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")
 
 
 def token_losses(model: torch.nn.Module, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +37,8 @@ def token_losses(model: torch.nn.Module, batch: PackedBatch) -> tuple[torch.Tens
     labels = inputs.pop("labels")[0]
     keep = torch.nonzero(labels[1:] != IGNORE).flatten()  # position t predicts token t + 1
     logits = model(**inputs, logits_to_keep=keep).logits[0]
+    if logits.shape[0] != keep.numel():  # a model that takes no logits_to_keep (Qwen2-Audio): all positions
+        logits = logits[keep]
     return F.cross_entropy(logits.float(), labels[keep + 1], reduction="none"), keep + 1
 
 
@@ -125,10 +127,11 @@ def has_media(batch: PackedBatch) -> bool:
 
 def idle_media_settings(config: Any) -> list[IdleMedia] | None:
     """What ``with_idle_media`` adds for a model of ``config`` (its family's ``idle_media``:
-    Qwen-VL, InternVL, LLaVA-OneVision, Gemma 3), or None when mmpack packs for no family of that
-    ``model_type`` or the model has no vision tower."""
+    Qwen-VL, InternVL, LLaVA-OneVision, Gemma 3 and 4, GLM-V, Qwen2-Audio), or None when mmpack
+    packs for no family of that ``model_type`` or the model has no vision or audio tower."""
     kind = MODEL_TYPES.get(getattr(config, "model_type", None) or "")
-    if kind is None or getattr(config, "vision_config", None) is None:
+    towers = (getattr(config, name, None) for name in ("vision_config", "audio_config"))
+    if kind is None or all(tower is None for tower in towers):
         return None
     return FAMILIES[kind].idle_media(config)
 

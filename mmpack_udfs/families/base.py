@@ -86,8 +86,8 @@ class IdleMedia:
     under FSDP every rank must call the vision tower alike). Built from a transformers model
     config (``Family.idle_media``)."""
 
-    kind: str  # "image" or "video"
-    pixel_key: str  # the model input it fills: black pixels of ``pixel_shape``
+    kind: str  # "image", "video" or "audio"
+    pixel_key: str  # the model input it fills: zeros of ``pixel_shape`` (black pixels, silent features)
     pixel_shape: tuple[int, ...]
     token_id: int  # its sample is ``tokens`` copies of this token
     tokens: int

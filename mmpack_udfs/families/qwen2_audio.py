@@ -20,10 +20,10 @@ Refused (``media_unsupported``), never approximated:
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from mmpack_udfs.constants import AUDIO_SAMPLE_RATE
-from mmpack_udfs.families.base import Family, MediaPlan, MediaTokens
+from mmpack_udfs.families.base import Family, IdleMedia, MediaPlan, MediaTokens
 from mmpack_udfs.reasons import Reason, Rejected
 
 MIN_AUDIO_TOKENS = 2
@@ -46,6 +46,22 @@ class Qwen2Audio(Family):
     modalities: ClassVar[tuple[str, ...]] = ("audio",)
     content_parts = True  # its template reads a message's content parts (audio, texts)
     pixel_layout = "audio"
+
+    @classmethod
+    def idle_media(cls, config: Any) -> list[IdleMedia]:
+        """One silent clip of the fewest frames mmpack packs (7: 2 tokens), its features padded
+        to the encoder's 30 s as the processor pads every clip; its mask keeps those 7 frames."""
+        audio = config.audio_config
+        frames = 2 * int(audio.max_source_positions)  # the encoder's input length (the conv halves it)
+        kept = next(n for n in range(1, frames) if audio_tokens(n) == MIN_AUDIO_TOKENS)
+        mask = [[1] * kept + [0] * (frames - kept)]
+        shape = (1, int(audio.num_mel_bins), frames)
+        token = int(config.audio_token_index)
+        return [
+            IdleMedia(
+                "audio", "input_features", shape, token, MIN_AUDIO_TOKENS, {"feature_attention_mask": mask}
+            )
+        ]
 
     def plan_audio(self, samples: int) -> MediaPlan:
         """A clip of ``samples`` 16 kHz samples: grid (feature frames, 1, 1)."""

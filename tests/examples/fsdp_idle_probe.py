@@ -34,7 +34,7 @@ def manual():
 
 
 def smallest_media_bin(manifest: str) -> dict:
-    bins = [b for b in PackedDataset(manifest, shuffle=False) if "pixel_values" in b]
+    bins = [b for b in PackedDataset(manifest, shuffle=False) if "pixel_values" in b or "input_features" in b]
     return min(bins, key=lambda b: len(b["input_ids"]))
 
 

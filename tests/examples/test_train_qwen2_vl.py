@@ -168,9 +168,10 @@ def test_a_hybrid_model_without_its_kernels_is_refused_before_training(family_ru
 
 
 def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_run, tmp_path):
-    """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision, Gemma 3, Gemma 4 and GLM-V: on each
-    step one rank's micro-batch has media and the other's none (then the other way round). The media-less rank
-    adds its family's idle media, so both call the vision tower alike: the steps complete (a
+    """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V and
+    Qwen2-Audio: on each step one rank's micro-batch has media and the other's none (then the
+    other way round). The media-less rank adds its family's idle media, so both call the vision
+    (audio) tower alike: the steps complete (a
     hang is a timeout) and every weight stays finite. The families' small-bin packs (those of
     the parity tests): the media bin is the smallest."""
     families = {
@@ -179,18 +180,22 @@ def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_r
         "gemma3": PARITY_BUDGET,
         "gemma4": PARITY_BUDGET,
         "glm4v": PARITY_BUDGET,
+        "qwen2_audio": PARITY_BUDGET,
     }
     args = [f"{f}={family_run(f, budget).output / 'packed'}" for f, budget in families.items()]
     stdout = torchrun(ROOT / "tests" / "examples" / "fsdp_idle_probe.py", 2, *args, log=tmp_path / "log")
     results = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"model_type"')]
     assert [r["model_type"] for r in results] == list(families)
     for result in results:
-        kinds = {"llava_onevision": ["image", "video"], "gemma4": ["image", "video"]}.get(
-            result["model_type"], ["image"]
-        )
+        kinds = {
+            "llava_onevision": ["image", "video"],
+            "gemma4": ["image", "video"],
+            "qwen2_audio": ["audio"],
+        }.get(result["model_type"], ["image"])
         for rank in result["ranks"]:
             assert rank["finite"]
-            # the media bin has images (LLaVA-OneVision's smallest no video): idle media only where missing
+            # the media bin has images or clips (LLaVA-OneVision's smallest no video): idle media
+            # only where missing
             assert rank["idle_media"][1 - rank["rank"]] == kinds  # the text-only step: a full idle set
-            assert "image" not in rank["idle_media"][rank["rank"]]
+            assert kinds[0] not in rank["idle_media"][rank["rank"]]
             assert all(tokens >= 1 for tokens in rank["tokens"])

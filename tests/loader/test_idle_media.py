@@ -1,9 +1,9 @@
-"""Idle media for every family with a vision tower (``loader.training.with_idle_media``): a
-micro-batch without images (videos) gets the smallest black one its model takes, as a masked
-sample of its own, so that under FSDP every rank calls the vision tower alike. On tiny random
-InternVL, LLaVA-OneVision, Gemma 3, Gemma 4 and GLM-V models (Qwen2-VL: tests/loader/test_training.py): the
-model takes the batch, no real logit changes, the loss is the same, and the vision tower runs
-and gets exactly-zero gradients."""
+"""Idle media for every family with a vision or audio tower (``loader.training.with_idle_media``):
+a micro-batch without images (videos, clips) gets the smallest black (silent) one its model
+takes, as a masked sample of its own, so that under FSDP every rank calls the tower alike. On
+tiny random InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V and Qwen2-Audio models (Qwen2-VL:
+tests/loader/test_training.py): the model takes the batch, no real logit changes, the loss is
+the same, and the tower runs and gets exactly-zero gradients."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ EXPECTED = {  # model type: (kind, pixel key, pixel shape, tokens) of each idle 
         ("video", "pixel_values_videos", (1, 9, 768), 1),
     ],
     "glm4v": [("image", "pixel_values", (4, 3 * 2 * 14 * 14), 1)],  # videos too reach its tower as images
+    "qwen2_audio": [("audio", "input_features", (1, 128, 3000), 2)],  # 7 frames kept of 30 s of features
 }
 
 
@@ -53,7 +54,8 @@ def text_bin(model_type: str) -> dict:
 
 
 def vision_parameters(model) -> list[torch.nn.Parameter]:
-    return [p for name, p in model.named_parameters() if "vision_tower" in name or ".visual." in name]
+    towers = ("vision_tower", ".visual.", "audio_tower")
+    return [p for name, p in model.named_parameters() if any(tower in name for tower in towers)]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
