@@ -41,6 +41,18 @@ CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE = 0.1, 0.05
 Source = str | bytes  # a local path or the file's bytes
 
 
+def require_decoder(planned: str | None, where: str) -> None:
+    """Refuse to decode a pack's audio with another FFmpeg build than the one its clips were
+    counted with (``planned``: the manifest's ``audio_decoder``; None for a pack without audio):
+    the waveforms, and so the features, could differ from the plan by a resampler's change."""
+    if planned is not None and planned != DECODER:
+        raise ValueError(
+            f"{where}: its audio was planned with {planned}, and this loader decodes with {DECODER}: "
+            "install the PyAV the pack was made with (mmpack pins av), or re-run normalize, tokenize "
+            "and pack with this one"
+        )
+
+
 class AudioProblem(ValueError):
     """Why an audio cannot be used: ``kind`` is one of ``unreadable``, ``no_audio_stream``,
     ``codec_unsupported``, ``empty``, ``cut``."""

@@ -113,7 +113,8 @@ class PackedDataset(IterableDataset):
                 f"{manifest_uri}: media_encoding {self.media_encoding!r} is not one this loader "
                 f"reads ({', '.join(MEDIA_ENCODINGS)}); repack the shards or upgrade mmpack"
             )
-        check_audio_decoder(self.manifest, manifest_uri, with_media)
+        if with_media:
+            audio.require_decoder(self.manifest.get("audio_decoder"), manifest_uri)
         default_rank, default_world = distributed_rank()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -235,19 +236,6 @@ class PackedDataset(IterableDataset):
         if self._costs is None:
             self._costs = self.cost_model.phases(source.cost_index())
         return self._costs
-
-
-def check_audio_decoder(manifest: Mapping[str, Any], manifest_uri: str, with_media: bool) -> None:
-    """Refuse to decode a pack's audio with another FFmpeg build than the one normalize counted
-    its clips with (the manifest's ``audio_decoder``): the waveforms, and so the features, could
-    differ from the planned ones by a resampler's change."""
-    planned = manifest.get("audio_decoder")
-    if with_media and planned is not None and planned != audio.DECODER:
-        raise ValueError(
-            f"{manifest_uri}: its audio was planned with {planned}, and this loader decodes with "
-            f"{audio.DECODER}: install the PyAV the pack was made with (mmpack pins av), or re-run "
-            "normalize, tokenize and pack with this one"
-        )
 
 
 def load_split(manifest_uri: str, split: str, storage: fs.Storage) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def keys(stream: BinaryIO) -> Iterator[Key | Damage]:
             for info in tar:
                 offset = info.offset
                 name, extension = split_name(info.name)
-                if not info.isfile() and _a_folder_of_the_tar(info, extension, current, name):
+                if _a_folder_of_the_tar(info, extension, current, name):
                     continue
                 if current is not None and current.name != name:
                     yield current
@@ -120,9 +120,9 @@ def keys(stream: BinaryIO) -> Iterator[Key | Damage]:
 
 
 def _a_folder_of_the_tar(info: tarfile.TarInfo, extension: str, current: Key | None, name: str) -> bool:
-    """Whether a non-regular member is the tar's own folder entry (``shards/``, skipped), not a
-    stand-in for a key's member: a folder without an extension, or one that does not continue
-    the key being read."""
+    """Whether a member is the tar's own folder entry (``shards/``, skipped), not a stand-in for
+    a key's member: a folder without an extension, or one that does not continue the key being
+    read."""
     return info.isdir() and (not extension or current is None or current.name != name)
 
 
