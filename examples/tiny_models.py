@@ -50,6 +50,14 @@ VISION = {
     "spatial_merge_size": 2,
     "temporal_patch_size": 2,
 }
+AUDIO_ENCODER = {  # a tiny Whisper-style encoder over 128 mel bins (Qwen2-Audio, Qwen2.5-Omni)
+    "d_model": 32,
+    "encoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "encoder_layers": 1,
+    "num_mel_bins": 128,
+    "max_source_positions": 1500,
+}
 MOE = {"moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2}
 HYBRID = {
     "num_hidden_layers": 4,
@@ -322,16 +330,21 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     # positions), pooled 2:1 into <|AUDIO|> tokens
     "qwen2_audio": {
         "text_config": {"model_type": "qwen2", **TEXT, "vocab_size": 156032},
-        "audio_config": {
-            "model_type": "qwen2_audio_encoder",
-            "d_model": 32,
-            "encoder_attention_heads": 2,
-            "encoder_ffn_dim": 64,
-            "encoder_layers": 1,
-            "num_mel_bins": 128,
-            "max_source_positions": 1500,
-        },
+        "audio_config": {"model_type": "qwen2_audio_encoder", **AUDIO_ENCODER},
         "audio_token_index": 151646,
+    },
+    # the Qwen2.5-Omni thinker: Qwen2.5-VL's vision tower and language model (mRoPE sections of
+    # the published 16:24:24 ratio), a Whisper-style audio encoder
+    "qwen2_5_omni_thinker": {
+        "text_config": {**TEXT, "vocab_size": 151936, **_rope([2, 1, 1])},
+        "vision_config": {**VISION, "patch_size": 14, "window_size": 112, "fullatt_block_indexes": [1]},
+        "audio_config": {
+            **AUDIO_ENCODER,
+            "n_window": 100,  # the published default: attention within 2 s (200-frame) windows of a clip
+            "output_dim": 32,
+        },
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
     },
 }
 

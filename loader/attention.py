@@ -456,7 +456,7 @@ def use_attention(model: torch.nn.Module, requested: str = "auto") -> str:
     name = choose_attention(requested, model.config.model_type, model.dtype)
     family = _family(model.config.model_type)
     vision = family.vision_varlen_config if family is not None and name == VARLEN else None
-    padded = family.padded_vision_config if family is not None and name == VARLEN else None
+    padded = family.padded_encoder_config if family is not None and name == VARLEN else None
     if vision is None and padded is None:
         model.set_attn_implementation(name)
         return name

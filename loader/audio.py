@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -203,17 +204,31 @@ def _extractor(feature_size: int, hop_length: int, n_fft: int, n_samples: int, p
     )
 
 
-def whisper_features(waveform: np.ndarray, settings: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """One clip's log-mel features [feature_size, frames] and their mask [frames], as
-    Qwen2AudioProcessor computes them for the clip alone: padded (or cut) to ``n_samples``
-    (``settings``: the profile's ``audio`` section)."""
+def whisper_features(
+    waveform: np.ndarray, settings: Mapping[str, Any], whole_chunk: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """One clip's log-mel features [feature_size, frames] and their mask [frames], as the
+    processor computes them for the clip alone: padded with zeros (or cut) to ``n_samples``
+    (``settings``: the profile's ``audio`` section). With ``whole_chunk`` off, only the clip's own
+    ``ceil(samples / hop_length)`` frames, all kept: the same values, computed from just enough of
+    the zero padding for the last frame's window (Qwen2.5-Omni's encoder reads no frame past a
+    clip's mask, and a 300 s chunk per clip would be 15 MB of features)."""
     keys = ("feature_size", "hop_length", "n_fft", "n_samples", "padding_value")
     extractor = _extractor(*(settings[k] for k in keys))
+    hop, n_samples = int(settings["hop_length"]), int(settings["n_samples"])
+    frames = math.ceil(len(waveform) / hop)
+    # past the last frame's centre, a zero tail longer than half its window (n_fft ≤ 2 hops here)
+    length = n_samples if whole_chunk else min(n_samples, (frames + 2 + int(settings["n_fft"]) // hop) * hop)
     out = extractor(
         waveform,
         sampling_rate=SAMPLE_RATE,
         return_attention_mask=True,
         padding="max_length",
+        max_length=length,
+        truncation=True,
         return_tensors="np",
     )
-    return out["input_features"][0], out["attention_mask"][0]
+    features, mask = out["input_features"][0], out["attention_mask"][0]
+    if not whole_chunk:
+        return features[:, :frames], mask[:frames]
+    return features, mask

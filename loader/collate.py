@@ -30,9 +30,10 @@ VISION_INPUTS = (  # concatenated across bins in order
     "image_position_ids",  # Gemma 4
     "video_position_ids",
     "num_frames_per_video",
-    "input_features",  # audio (Qwen2-Audio): one clip's log-mel features per row
+    "input_features",  # audio: one clip's log-mel features per row
     "feature_attention_mask",
 )
+FRAMED_INPUTS = ("input_features", "feature_attention_mask")  # clips' frames: bins may differ in width
 
 
 class PackedBatch(dict):
@@ -125,6 +126,9 @@ def collate_packed(
         inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_length, max_length_k=max_length)
     for key in VISION_INPUTS:
         parts = [b[key] for b in items if key in b]
+        if key in FRAMED_INPUTS and parts:  # zero frames, masked, up to the widest bin's (Qwen2.5-Omni)
+            width = max(p.shape[-1] for p in parts)
+            parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
         if parts:
             inputs[key] = torch.cat(parts)
     if "media_token_mask" in items[0]:  # Gemma 3 and 4: image tokens attend within their image

@@ -386,6 +386,9 @@ class Bins:
             item["mrope_position_ids"] = _mrope(self.family, media, cu, positions)
             if self.pixels is not None:
                 item.update(_qwen_pixels(media, self.family, storage, self.pixels))
+                clips = [m for m in media if m["kind"] == "audio"]
+                if clips:  # the Omni thinkers
+                    item.update(_audio_media(clips, self.family, storage, self.pixels))
         elif media:
             inputs = {
                 "tiles": _internvl_media,
@@ -529,16 +532,18 @@ def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels
 
 
 def _audio_media(media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels) -> dict[str, Any]:
-    """Qwen2-Audio's input: each clip's log-mel ``input_features`` [clips, mel bins, frames] and
-    ``feature_attention_mask`` [clips, frames], computed from its FFmpeg waveform as the
-    processor computes them for the clip alone. A clip whose frames differ from the shard's
-    plan (decoded by another FFmpeg than the pack's) raises MediaDecodeError."""
+    """Each clip's log-mel ``input_features`` [clips, mel bins, frames] and ``feature_attention_mask``
+    [clips, frames], computed from its FFmpeg waveform as the processor computes them for the clip
+    alone: padded to the feature extractor's chunk (Qwen2-Audio) or, where the encoder reads only a
+    clip's own frames (``Family.audio_padded_to_chunk`` off: Qwen2.5-Omni), those frames, the clips
+    zero-padded to the longest and masked. A clip whose frames differ from the shard's plan (decoded
+    by another FFmpeg than the pack's) raises MediaDecodeError."""
     settings = family.settings["audio"]
     features, masks = [], []
     for item in media:
         data = _media_bytes(item, storage)
         waveform = audio.decode(data if isinstance(data, bytes) else data.tobytes())
-        feature, mask = audio.whisper_features(waveform, settings)
+        feature, mask = audio.whisper_features(waveform, settings, family.audio_padded_to_chunk)
         frames = int(mask.sum())
         if frames != item["grid_t"]:
             raise vision.MediaDecodeError(
@@ -547,9 +552,15 @@ def _audio_media(media: list[dict], family: Family, storage: fs.Storage, pixels:
             )
         features.append(feature)
         masks.append(mask)
+    width = max(len(m) for m in masks)
+    stacked = np.zeros((len(features), features[0].shape[0], width), np.float32)
+    stacked_masks = np.zeros((len(masks), width), np.int64)
+    for row, (feature, mask) in enumerate(zip(features, masks, strict=True)):
+        stacked[row, :, : feature.shape[1]] = feature
+        stacked_masks[row, : len(mask)] = mask
     return {
-        "input_features": pixels.tensor(np.stack(features).astype(np.float32, copy=False)),
-        "feature_attention_mask": torch.from_numpy(np.stack(masks).astype(np.int64)),
+        "input_features": pixels.tensor(stacked),
+        "feature_attention_mask": torch.from_numpy(stacked_masks),
     }
 
 

@@ -495,6 +495,8 @@ class BalanceConfig(Section):
             # Qwen2-Audio-7B: Qwen-7B and its Whisper-large-v3 encoder (32 × 1280); a clip is priced as
             # its padded 30 s (1500 encoder positions), which the encoder always runs
             "qwen2_audio": _seven_b_llm(4.0e9, 4.9e5),
+            # Qwen2.5-Omni-7B: Qwen2.5-7B, Qwen2.5-VL's ViT (32 × 1280), its Whisper-style audio encoder
+            "qwen2_5_omni": _seven_b_llm(4.0e9, 4.9e5),
         },
         description="the cost model of each profile, by profile name",
     )
@@ -835,7 +837,9 @@ class WhisperFeatures(Section):
     hop_length: PositiveInt = Field(160, description="16 kHz samples per feature frame")
     n_fft: PositiveInt = Field(400, description="samples per STFT window")
     n_samples: PositiveInt = Field(
-        480000, description="16 kHz samples every clip is padded to (30 s); longer clips are refused"
+        480000,
+        description="16 kHz samples the feature extractor pads every clip to (Qwen2-Audio: 30 s, "
+        "Qwen2.5-Omni: 300 s); longer clips are refused",
     )
     padding_value: float = Field(0.0, description="the waveform's padding")
 
@@ -848,6 +852,26 @@ class Qwen2AudioProfile(ProfileSection):
     )
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field("qwen2_audio", description="how turns render")
     audio: WhisperFeatures = WhisperFeatures()
+    audio_token_id: PositiveInt = Field(
+        151646, description="id of `<|AUDIO|>` (config.json audio_token_index)"
+    )
+
+
+class Qwen25OmniProfile(ProfileSection):
+    """The Qwen2.5-Omni thinker: Qwen2.5-VL's images and videos, audio clips of up to 300 s."""
+
+    kind: Literal["qwen2_5_omni"] = Field(
+        "qwen2_5_omni", description="which model family the profile describes"
+    )
+    vision: QwenVision = QwenVision()
+    image: Qwen2VLImage = Qwen2VLImage(max_pixels=12845056)
+    video: Qwen2VLVideo = Qwen2VLVideo()
+    audio: WhisperFeatures = WhisperFeatures(
+        n_samples=4800000
+    )  # the published preprocessor_config.json: chunk_length 300
+    position_id_per_seconds: Number = Field(
+        25, description="TMRoPE time positions per second of video (config.json position_id_per_seconds)"
+    )
     audio_token_id: PositiveInt = Field(
         151646, description="id of `<|AUDIO|>` (config.json audio_token_index)"
     )
@@ -920,7 +944,8 @@ ProfileConfig = Annotated[
     | Gemma3Profile
     | Gemma4Profile
     | GlmVProfile
-    | Qwen2AudioProfile,
+    | Qwen2AudioProfile
+    | Qwen25OmniProfile,
     Field(discriminator="kind"),
 ]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
@@ -936,6 +961,7 @@ PROFILE_KINDS = (
     "gemma4",
     "glm4v",
     "qwen2_audio",
+    "qwen2_5_omni",
 )
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen2_vl": Qwen2VLProfile,
@@ -949,6 +975,7 @@ PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "gemma4": Gemma4Profile,
     "glm4v": GlmVProfile,
     "qwen2_audio": Qwen2AudioProfile,
+    "qwen2_5_omni": Qwen25OmniProfile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v")  # patch-based (prepared media, mRoPE)
@@ -998,6 +1025,7 @@ class Config(Section):
             "gemma4": Gemma4Profile(),
             "glm4v": GlmVProfile(),
             "qwen2_audio": Qwen2AudioProfile(),
+            "qwen2_5_omni": Qwen25OmniProfile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",

@@ -17,6 +17,7 @@ from mmpack_udfs.families.glm_v import GlmV
 from mmpack_udfs.families.internvl import InternVL, InternVLChat
 from mmpack_udfs.families.llava_onevision import LlavaOnevision
 from mmpack_udfs.families.qwen2_audio import Qwen2Audio
+from mmpack_udfs.families.qwen_omni import Qwen25Omni
 from mmpack_udfs.families.qwen_vl import Qwen2VL, Qwen3VL, Qwen25VL, Qwen35
 
 FAMILIES: dict[str, type[Family]] = {
@@ -31,6 +32,7 @@ FAMILIES: dict[str, type[Family]] = {
     "gemma4": Gemma4,
     "glm4v": GlmV,
     "qwen2_audio": Qwen2Audio,
+    "qwen2_5_omni": Qwen25Omni,
 }
 
 MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
@@ -49,6 +51,8 @@ MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
     "glm46v": "glm4v",
     "glm_ocr": "glm4v",
     "qwen2_audio": "qwen2_audio",
+    "qwen2_5_omni": "qwen2_5_omni",
+    "qwen2_5_omni_thinker": "qwen2_5_omni",
 }
 
 

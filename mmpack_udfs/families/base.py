@@ -130,9 +130,13 @@ class Family:
     # the attention's name reads as flash-attn's (Qwen-VL's VisionAttention): under mmpack_varlen it
     # gets loader.attention.VISION_VARLEN, one varlen call per layer for all of a batch's images
     vision_varlen_config: str | None = None
-    # the sub-config of a vision tower that attends over padded patches with a mask (Gemma 4): it
-    # keeps SDPA under mmpack_varlen (loader.attention.use_attention)
-    padded_vision_config: str | None = None
+    # the sub-config of an encoder that attends over padding with a mask (Gemma 4's vision tower,
+    # Qwen2-Audio's audio encoder over its 30 s of frames): it keeps SDPA under mmpack_varlen
+    # (loader.attention.use_attention)
+    padded_encoder_config: str | None = None
+    # whether its audio encoder takes every clip padded to the feature extractor's whole chunk
+    # (Qwen2-Audio: 30 s) or reads only each clip's own frames (Qwen2.5-Omni): what the loader hands over
+    audio_padded_to_chunk = True
     # whether ``mmpack export rl`` counts its RL prompts exactly: the generation prompt its chat
     # template adds is the header of an assistant turn, checked against its processor
     # (tests/mmpack_udfs/export/test_rl.py); other families' exports are refused

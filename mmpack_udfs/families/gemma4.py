@@ -82,7 +82,7 @@ class Gemma4(Family):
     bos_tokens = ("<bos>",)
     bidirectional_media = True
     media_blocks_on_global_layers = False  # image blocks are bidirectional on sliding layers only
-    padded_vision_config = "vision_config"  # its tower masks each image's padding patches
+    padded_encoder_config = "vision_config"  # its tower masks each image's padding patches
 
     def plan_image(self, width: int, height: int) -> MediaPlan:
         return self._plan("image", width, height)

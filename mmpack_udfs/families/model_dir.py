@@ -814,8 +814,23 @@ def _qwen2_audio_profile(
     path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]
 ) -> dict:
     """Qwen2-Audio: the Whisper features' settings from preprocessor_config.json, checked against
-    config.json (mel bins, the encoder's 30 s of frames, the audio token ids); refused where
-    mmpack's features would differ (another rate, dithering, normalizing)."""
+    config.json (mel bins, the encoder's 30 s of frames, the audio token ids)."""
+    profile = PROFILE_MODELS[kind]().model_dump()
+    profile["audio"] = _whisper_features(path, source, kind, config.get("audio_config") or {}, fixed=True)
+    ids = {token: _check_token_id(path, source, config, key, token) for key, token in QWEN2_AUDIO_TOKENS}
+    profile["audio_token_id"] = ids["<|AUDIO|>"]
+    profile["default_system"] = ""  # set from the chat template (families.chat_check)
+    return profile
+
+
+def _whisper_features(
+    path: str, source: str, kind: str, audio_config: Mapping[str, Any], fixed: bool
+) -> dict[str, Any]:
+    """The profile's ``audio`` section: the Whisper feature extractor's settings from
+    preprocessor_config.json (``n_samples``: the clip length it pads and cuts to), refused where
+    mmpack's features would differ (another rate, dithering, normalizing) or do not fit the audio
+    encoder (``audio_config``: its mel bins; ``fixed``: an encoder that takes exactly one padded
+    chunk of frames, Qwen2-Audio's)."""
     file = _processor_file(path, "preprocessor_config.json", "feature_extractor")
     if file is None:
         raise ConfigError(
@@ -823,36 +838,62 @@ def _qwen2_audio_profile(
         )
     features = {**WHISPER_DEFAULTS, **{k: v for k, v in file.items() if v is not None}}
     n_samples = features["chunk_length"] * features["sampling_rate"]
-    audio_config = config.get("audio_config") or {}
-    frames = 2 * audio_config.get("max_source_positions", 1500)  # the encoder's first conv strides 2
     problems = [
         f"{key} {features.get(key)!r} (mmpack reproduces {value!r})"
         for key, value in (("sampling_rate", 16000), ("dither", 0.0), ("do_normalize", None))
         if features.get(key) != value
     ]
-    if n_samples // features["hop_length"] != frames:
+    frames = 2 * audio_config.get("max_source_positions", 1500)  # the encoder's first conv strides 2
+    if fixed and n_samples // features["hop_length"] != frames:
         problems.append(f"{n_samples // features['hop_length']} frames per clip, the encoder takes {frames}")
     if features["feature_size"] != audio_config.get("num_mel_bins", 128):
         problems.append(f"feature_size {features['feature_size']}, the encoder's num_mel_bins differ")
     if problems:
         raise ConfigError(f"tokenize.model: {source}: preprocessor_config.json: {'; '.join(problems)}")
-    profile = PROFILE_MODELS[kind]().model_dump()
-    profile["audio"] = {
+    return {
         "feature_size": features["feature_size"],
         "hop_length": features["hop_length"],
         "n_fft": features["n_fft"],
         "n_samples": n_samples,
         "padding_value": features["padding_value"],
     }
-    ids = {token: _check_token_id(path, source, config, key, token) for key, token in QWEN2_AUDIO_TOKENS}
+
+
+QWEN_OMNI_TOKENS = (  # the thinker config's key -> the tokenizer's token
+    ("audio_token_index", "<|AUDIO|>"),
+    ("image_token_index", "<|IMAGE|>"),
+    ("video_token_index", "<|VIDEO|>"),
+    ("audio_start_token_id", "<|audio_bos|>"),
+    ("audio_end_token_id", "<|audio_eos|>"),
+    ("vision_start_token_id", "<|vision_bos|>"),
+    ("vision_end_token_id", "<|vision_eos|>"),
+)
+# the frame pixel limits Qwen2_5OmniProcessor passes its video processor on every call
+# (``Qwen2_5OmniProcessor.videos_kwargs``, transformers 5.24), over the video processor's own
+QWEN_OMNI_VIDEO_PIXELS = {"min_pixels": 128 * 28 * 28, "max_pixels": 768 * 28 * 28}
+
+
+def _qwen_omni_profile(
+    path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]
+) -> dict:
+    """Qwen2.5-Omni (a whole checkpoint, its ``thinker_config``, or a thinker's own config): the
+    image and video settings as Qwen2.5-VL's (the video frames' pixel limits those the processor
+    passes), the Whisper features from preprocessor_config.json, the token ids and
+    ``position_id_per_seconds`` from the thinker's config."""
+    thinker = config.get("thinker_config") or config
+    profile = _qwen_profile(path, source, kind, thinker, notes)
+    profile["video"].update(QWEN_OMNI_VIDEO_PIXELS)
+    profile["audio"] = _whisper_features(path, source, kind, thinker.get("audio_config") or {}, fixed=False)
+    ids = {token: _check_token_id(path, source, thinker, key, token) for key, token in QWEN_OMNI_TOKENS}
     profile["audio_token_id"] = ids["<|AUDIO|>"]
-    profile["default_system"] = ""  # set from the chat template (families.chat_check)
+    profile["position_id_per_seconds"] = thinker.get("position_id_per_seconds", 25)
     return profile
 
 
 # the profile reader of each family whose directory is not read as Qwen-VL's (_qwen_profile)
 DIRECTORY_READERS = {
     "qwen2_audio": _qwen2_audio_profile,
+    "qwen2_5_omni": _qwen_omni_profile,
     "internvl": _internvl_profile,
     "llava_onevision": _llava_onevision_profile,
     "gemma3": _gemma3_profile,

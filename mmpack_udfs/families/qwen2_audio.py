@@ -20,6 +20,7 @@ Refused (``media_unsupported``), never approximated:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from mmpack_udfs.constants import AUDIO_SAMPLE_RATE
@@ -46,6 +47,7 @@ class Qwen2Audio(Family):
     modalities: ClassVar[tuple[str, ...]] = ("audio",)
     content_parts = True  # its template reads a message's content parts (audio, texts)
     pixel_layout = "audio"
+    padded_encoder_config = "audio_config"  # its encoder masks each clip's padding to 30 s
 
     @classmethod
     def idle_media(cls, config: Any) -> list[IdleMedia]:
@@ -65,20 +67,25 @@ class Qwen2Audio(Family):
 
     def plan_audio(self, samples: int) -> MediaPlan:
         """A clip of ``samples`` 16 kHz samples: grid (feature frames, 1, 1)."""
-        cfg = self.settings["audio"]
-        hop, limit = int(cfg["hop_length"]), int(cfg["n_samples"])
-        if samples > limit:
-            raise Rejected(
-                Reason.MEDIA_UNSUPPORTED,
-                f"audio of {samples / AUDIO_SAMPLE_RATE:.2f} s: Qwen2-Audio's feature extractor keeps the "
-                f"first {limit / AUDIO_SAMPLE_RATE:g} s and the answer would be trained on the rest",
-            )
-        frames = math.ceil(samples / hop)
-        tokens = audio_tokens(frames)
-        if tokens < MIN_AUDIO_TOKENS:
-            raise Rejected(
-                Reason.MEDIA_UNSUPPORTED,
-                f"audio of {samples} samples gives {tokens} <|AUDIO|> token(s): Qwen2-Audio takes a clip of "
-                "fewer than 2 for an unexpanded prompt",
-            )
-        return MediaPlan("audio", (frames, 1, 1), tokens, (0, 0))
+        why = "Qwen2-Audio takes a clip of fewer than 2 for an unexpanded prompt"
+        return clip_plan(self.settings["audio"], samples, "Qwen2-Audio", MIN_AUDIO_TOKENS, why)
+
+
+def clip_plan(features: Mapping[str, Any], samples: int, model: str, least: int, why: str) -> MediaPlan:
+    """The plan of a clip of ``samples`` 16 kHz samples under a profile's Whisper ``features``:
+    grid (feature frames, 1, 1) and its ``<|AUDIO|>`` tokens; refused past the feature extractor's
+    chunk (the processor cuts it) and under ``least`` tokens (``why``)."""
+    hop, limit = int(features["hop_length"]), int(features["n_samples"])
+    if samples > limit:
+        raise Rejected(
+            Reason.MEDIA_UNSUPPORTED,
+            f"audio of {samples / AUDIO_SAMPLE_RATE:.2f} s: {model}'s feature extractor keeps the "
+            f"first {limit / AUDIO_SAMPLE_RATE:g} s and the answer would be trained on the rest",
+        )
+    frames = math.ceil(samples / hop)
+    tokens = audio_tokens(frames)
+    if tokens < least:
+        raise Rejected(
+            Reason.MEDIA_UNSUPPORTED, f"audio of {samples} samples gives {tokens} <|AUDIO|> token(s): {why}"
+        )
+    return MediaPlan("audio", (frames, 1, 1), tokens, (0, 0))

@@ -4,7 +4,8 @@ same files: the demo's audio samples (16 kHz and 22.05 kHz WAV, two clips in a t
 tokens per clip that Qwen2AudioProcessor and the published chat template give; its image and
 video samples are quarantined (``media_unsupported``); the loader's features are the processor's;
 and a tiny random Qwen2AudioForConditionalGeneration gives each packed sample the logits and loss
-it gets alone with the processor's features (SDPA, eager)."""
+it gets alone with the processor's features (SDPA, eager, mmpack_varlen), and a batch without its
+boundaries fails that comparison."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from loader import PackedDataset, audio, collate_packed
+from loader.attention import VARLEN, reference_varlen_attn, register_varlen
 from mmpack_udfs.io import tables
 from mmpack_udfs.schemas import table_uri
 from mmpack_udfs.validate import stage as validate
@@ -85,31 +87,61 @@ def test_the_loaders_features_are_the_processors(family_run, qwen2_audio):
     assert seen == 4  # the demo's clips, each once
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_packed_equals_each_sample_alone(family_run, qwen2_audio, attention):
+@pytest.fixture(scope="module")
+def varlen_reference():
+    register_varlen(kernel=reference_varlen_attn)
+
+
+def clip_inputs(ref: dict) -> dict:
+    """One sample's own audio inputs, as the processor gives them."""
+    if ref["input_features"] is None:
+        return {}
+    return {
+        "input_features": torch.from_numpy(ref["input_features"]),
+        "feature_attention_mask": torch.from_numpy(ref["feature_attention_mask"]),
+    }
+
+
+def alone_with(model):
+    def alone(ids, labels, mine):
+        return model(input_ids=ids, labels=labels, use_cache=False, **mine)
+
+    return alone
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", VARLEN])
+def test_packed_equals_each_sample_alone(family_run, qwen2_audio, varlen_reference, attention):
     _, _, refs = qwen2_audio
     small = family_run("qwen2_audio", PARITY_BUDGET)
     model = with_attention(tiny_models().tiny_model("qwen2_audio", seed=5), attention)
+    reference = with_attention(tiny_models().tiny_model("qwen2_audio", seed=5), "sdpa")
     checked = 0
     for bin_ in audio_bins(str(small.output / "packed")):
         batch = collate_packed([bin_])
         with torch.no_grad():
             packed = model(**batch)
-        media = []
-        for sample_id in batch.meta["sample_ids"]:
-            ref = refs[sample_id]
-            mine = {}
-            if ref["input_features"] is not None:
-                mine["input_features"] = torch.from_numpy(ref["input_features"])
-                mine["feature_attention_mask"] = torch.from_numpy(ref["feature_attention_mask"])
-            media.append(mine)
-
-        def alone(ids, labels, mine):
-            return model(input_ids=ids, labels=labels, use_cache=False, **mine)
-
-        checked += assert_each_sample_alone(batch, packed, media, alone)
+        media = [clip_inputs(refs[s]) for s in batch.meta["sample_ids"]]
+        checked += assert_each_sample_alone(batch, packed, media, alone_with(reference))
     bins = audio_bins(str(small.output / "packed"))
     assert checked > len(bins) and any(len(b["sample_ids"]) > 1 for b in bins)  # clips beside other samples
+
+
+def test_without_boundaries_samples_leak_and_the_comparison_catches_it(family_run, qwen2_audio):
+    """The mutant: the bin's positions counted over the whole row and no boundaries, as a
+    collator that concatenates samples without them gives; later samples then see earlier ones."""
+    _, _, refs = qwen2_audio
+    small = family_run("qwen2_audio", PARITY_BUDGET)
+    model = with_attention(tiny_models().tiny_model("qwen2_audio", seed=5), "sdpa")
+    batch = collate_packed(
+        [next(b for b in audio_bins(str(small.output / "packed")) if len(b["sample_ids"]) > 1)]
+    )
+    mutant = {k: v for k, v in batch.items() if not k.startswith(("cu_seq_lens", "max_length"))}
+    mutant["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]
+    with torch.no_grad():
+        packed = model(**mutant)
+    media = [clip_inputs(refs[s]) for s in batch.meta["sample_ids"]]
+    with pytest.raises(AssertionError, match="differs by"):
+        assert_each_sample_alone(batch, packed, media, alone_with(model))
 
 
 def test_validate_accepts_the_shards(spark, qwen2_audio):

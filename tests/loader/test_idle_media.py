@@ -1,7 +1,7 @@
 """Idle media for every family with a vision or audio tower (``loader.training.with_idle_media``):
 a micro-batch without images (videos, clips) gets the smallest black (silent) one its model
 takes, as a masked sample of its own, so that under FSDP every rank calls the tower alike. On
-tiny random InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V and Qwen2-Audio models (Qwen2-VL:
+tiny random InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V, Qwen2-Audio and Qwen2.5-Omni models (Qwen2-VL:
 tests/loader/test_training.py): the model takes the batch, no real logit changes, the loss is
 the same, and the tower runs and gets exactly-zero gradients."""
 
@@ -29,6 +29,11 @@ EXPECTED = {  # model type: (kind, pixel key, pixel shape, tokens) of each idle 
     ],
     "glm4v": [("image", "pixel_values", (4, 3 * 2 * 14 * 14), 1)],  # videos too reach its tower as images
     "qwen2_audio": [("audio", "input_features", (1, 128, 3000), 2)],  # 7 frames kept of 30 s of features
+    "qwen2_5_omni_thinker": [  # Qwen-VL's merged token of an image and a video, a clip of 3 frames
+        ("image", "pixel_values", (4, 3 * 2 * 14 * 14), 1),
+        ("video", "pixel_values_videos", (4, 3 * 2 * 14 * 14), 1),
+        ("audio", "input_features", (1, 128, 3), 1),
+    ],
 }
 
 
@@ -48,7 +53,7 @@ def text_bin(model_type: str) -> dict:
     if model_type in ("gemma3", "gemma4"):
         item.update(media_token_mask=torch.zeros(len(ids), dtype=torch.bool), sliding_window=64)
         item["global_media_blocks"] = model_type == "gemma3"  # Gemma 4: image blocks on sliding layers
-    if model_type == "glm4v":  # mRoPE: text-only samples count on all three rows
+    if model_type in ("glm4v", "qwen2_5_omni_thinker"):  # mRoPE: text-only samples count on all three rows
         item["mrope_position_ids"] = item["position_ids"].expand(3, -1)
     return item
 

@@ -44,6 +44,8 @@ MODELS = {
     "glm_ocr": ("glm_ocr", "glm_ocr", "glm", "chat_template.jinja"),
     # Qwen2-Audio-7B-Instruct (published/qwen2_audio/SOURCE.md): the Qwen2 vocabulary, its audio tokens
     "qwen2_audio": ("qwen2_audio", "qwen2_audio", "qwen2", "chat_template.jinja"),
+    # Qwen2.5-Omni-7B's thinker (published/qwen2_5_omni/SOURCE.md)
+    "qwen2_5_omni": ("qwen2_5_omni", "qwen2_5_omni_thinker", "qwen2", "chat_template.jinja"),
 }
 # The GLM-4/4.5 pre-tokenizer (THUDM tokenization_chatglm.py), over the ranks of splintr-rs' "glm4"
 GLM_PATTERN = (
@@ -61,6 +63,17 @@ INTERNVL_TOKENS = {
     "context_image_token": "<IMG_CONTEXT>",
     "video_token": "<video>",
 }
+# the tokenizer's named media tokens of Qwen2.5-Omni (its tokenizer_config.json), which its processor reads
+QWEN_OMNI_TOKENS = {
+    "image_token": "<|IMAGE|>",
+    "audio_token": "<|AUDIO|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
+NAMED_TOKENS = {"internvl": INTERNVL_TOKENS, "qwen2_5_omni_thinker": QWEN_OMNI_TOKENS}
 
 
 def tiny_models():
@@ -135,9 +148,10 @@ def _build(name: str, target: Path) -> None:
     sampling = published / "video_preprocessor_config.test.json"  # the tests' frame sampling
     if sampling.exists():
         shutil.copy(sampling, target / "video_preprocessor_config.json")
-    if model_type == "internvl":
+    if model_type in NAMED_TOKENS:
+        named = NAMED_TOKENS[model_type]
         settings = json.loads((target / "tokenizer_config.json").read_text())
-        settings.update(INTERNVL_TOKENS, model_specific_special_tokens=INTERNVL_TOKENS)
+        settings.update(named, model_specific_special_tokens=named)
         (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
     config = tiny_models().tiny_config(model_type)
     (target / "config.json").write_text(json.dumps(config, indent=1))

@@ -176,10 +176,66 @@ def answer(request: dict) -> list[dict]:
     return results
 
 
+def omni_samples(request: dict) -> list[dict]:
+    """Qwen2_5OmniProcessor, whole, on each sample of ``request["samples"]`` alone: its rendered
+    text, images (files), audio (.npy waveforms) and videos (files, every frame decoded, sampled by
+    the video processor at ``video_settings``' fps). Per sample: the ids, grids, the seconds per
+    temporal patch and the clips' feature frames; the pixel values and features go to ``out`` +
+    ``.pixel_values.npy`` etc."""
+    from PIL import Image
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
+    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    model_dir = Path(request["model_dir"])
+    settings = json.loads((model_dir / "preprocessor_config.json").read_text())
+    settings = {k: v for k, v in settings.items() if not k.endswith(("_type", "_class"))}
+    video_settings = request["video_settings"]
+    processor = Qwen2_5OmniProcessor(
+        Qwen2VLImageProcessorPil(**settings),
+        Qwen2VLVideoProcessor(**video_settings),
+        WhisperFeatureExtractor(**settings),
+        AutoTokenizer.from_pretrained(model_dir),
+    )
+    results = []
+    for sample in request["samples"]:
+        images = []
+        for uri in sample["images"]:
+            with Image.open(uri) as image:
+                images.append(image.convert("RGB"))
+        videos, metadata = [], []
+        for uri in sample["videos"]:
+            frames, fps = frames_of(uri)
+            videos.append(frames)
+            metadata.append(
+                VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=list(range(len(frames))))
+            )
+        audio = [np.load(path) for path in sample["audio"]]
+        out = processor(
+            text=[sample["text"]], images=images or None, audio=audio or None, videos=videos or None,
+            videos_kwargs={"video_metadata": metadata, "do_sample_frames": True, "fps": video_settings["fps"],
+                           "input_data_format": "channels_last"} if videos else {},
+            return_tensors="np",
+        )  # fmt: skip
+        result = {"input_ids": [int(i) for i in out["input_ids"][0]]}
+        for key in ("image_grid_thw", "video_grid_thw"):
+            result[key] = [[int(x) for x in grid] for grid in out.get(key, [])]
+        result["video_second_per_grid"] = [float(x) for x in out.get("video_second_per_grid", [])]
+        result["feature_frames"] = [int(m.sum()) for m in out.get("feature_attention_mask", [])]
+        for key in ("pixel_values", "pixel_values_videos", "input_features"):
+            if key in out:
+                np.save(f"{sample['out']}.{key}.npy", np.asarray(out[key]))
+        results.append(result)
+    return results
+
+
 def main() -> None:
     for line in sys.stdin:
         try:
-            reply = {"results": answer(json.loads(line))}
+            request = json.loads(line)
+            reply = {"results": omni_samples(request) if "samples" in request else answer(request)}
         except Exception:
             reply = {"error": traceback.format_exc()}
         print(json.dumps(reply), flush=True)

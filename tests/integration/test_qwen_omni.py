@@ -1,0 +1,193 @@
+"""Qwen2.5-Omni (``model_type: qwen2_5_omni_thinker``) from its model directory, against transformers
+on the same files: every sample of the families' demo (images, several images, videos, audio clips,
+text only) gets the ids, labels, grids and clip frames that ``Qwen2_5OmniProcessor`` and the chat
+template give it alone; every packed sample the thinker's own ``get_rope_index`` positions and the
+processor's pixel values and audio features; and a tiny random
+``Qwen2_5OmniThinkerForConditionalGeneration`` gives each packed sample the logits and loss it gets
+alone (SDPA, eager, mmpack_varlen) with the processor's inputs and the model's own positions, and
+a batch without its restarting text positions (the boundaries dropped) fails that comparison."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from loader import PackedDataset, collate_packed
+from loader.attention import VARLEN, reference_varlen_attn, register_varlen
+from mmpack_udfs.io import tables
+from mmpack_udfs.schemas import table_uri
+from mmpack_udfs.validate import stage as validate
+from tests.conftest import PARITY_BUDGET
+from tests.integration.test_family_tokens import VIDEO_ORACLE
+from tests.loader.test_model_parity import assert_each_sample_alone, with_attention
+from tests.models.build import tiny_models
+from tests.oracles import qwen_omni as oracle
+
+pytestmark = pytest.mark.spark
+
+MODEL_TYPE = "qwen2_5_omni_thinker"
+
+
+@pytest.fixture(scope="module")
+def omni(family_run, tmp_path_factory):
+    """The run, its tokenized rows and transformers' reference of every row (by sample id)."""
+    from mmpack_udfs.families.model_dir import load_tokenizer
+
+    run = family_run("qwen2_5_omni")
+    samples = {
+        s["sample_id"]: s for s in tables.read_arrow(table_uri(str(run.output), "samples")).to_pylist()
+    }
+    rows = tables.read_arrow(table_uri(str(run.output), "tokenized")).to_pylist()
+    refs = oracle.references(
+        run.model_dir,
+        load_tokenizer(str(run.model_dir)),
+        [samples[r["sample_id"]] for r in rows],
+        VIDEO_ORACLE.ask,
+        tmp_path_factory.mktemp("omni"),
+    )
+    return run, rows, refs
+
+
+@functools.cache
+def thinker(seed: int = 3):
+    return tiny_models().tiny_model(MODEL_TYPE, seed=seed)
+
+
+def test_every_sample_has_the_ids_labels_grids_and_frames_transformers_gives(omni):
+    run, rows, refs = omni
+    assert (run.ctx.config.profile.kind, run.ctx.config.profile.chat) == ("qwen2_5_omni", "chatml")
+    kinds = {"image": 0, "video": 0, "audio": 0}
+    for row in rows:
+        ref = refs[row["sample_id"]]
+        assert row["input_ids"] == ref["input_ids"], row["sample_id"]
+        assert row["labels"] == ref["labels"], row["sample_id"]
+        for kind, key in (("image", "image_grid_thw"), ("video", "video_grid_thw")):
+            grids = [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in row["media"] if m["kind"] == kind]
+            assert grids == ref[key], row["sample_id"]
+        videos = [m["second_per_grid_t"] for m in row["media"] if m["kind"] == "video"]
+        assert videos == ref["video_second_per_grid"]
+        assert [m["grid_t"] for m in row["media"] if m["kind"] == "audio"] == ref["feature_frames"]
+        for m in row["media"]:
+            kinds[m["kind"]] += 1
+    assert kinds["image"] >= 20 and kinds["video"] >= 3 and kinds["audio"] == 4, kinds
+    quarantined = tables.read_arrow(table_uri(str(run.output), "tokenize_quarantine")).to_pylist()
+    unsupported = sorted(q["detail"] for q in quarantined if q["reason"] == "media_unsupported")
+    assert [d.split(":")[0] for d in unsupported] == ["2000x8", "video of 1 frames is too short to sample"]
+
+
+@functools.cache
+def parity_bins(packed: str) -> list[dict]:
+    return list(PackedDataset(packed, shuffle=False))
+
+
+def test_packed_samples_have_the_processors_inputs_and_the_models_positions(family_run, omni):
+    """Per bin: the pixel values, the audio features of each clip's frames (the processor pads to
+    300 s; the thinker reads only the masked frames) and the positions of every sample."""
+    _, _, refs = omni
+    small = family_run("qwen2_5_omni", PARITY_BUDGET)
+    model = thinker()
+    checked = {"pixel_values": 0, "pixel_values_videos": 0, "input_features": 0, "positions": 0}
+    for bin_ in parity_bins(str(small.output / "packed")):
+        batch = collate_packed([bin_])
+        cu = batch.meta["cu_seq_lens"]
+        mine = [refs[s] for s in batch.meta["sample_ids"]]
+        for key in ("pixel_values", "pixel_values_videos"):
+            expected = [r[key] for r in mine if key in r]
+            if expected:
+                np.testing.assert_allclose(batch[key].numpy(), np.concatenate(expected), atol=1e-6)
+                checked[key] += 1
+        clips = [(r["input_features"], r["feature_frames"]) for r in mine if "input_features" in r]
+        row = 0
+        for features, frames in clips:
+            for clip, count in zip(features, frames, strict=True):
+                assert int(batch["feature_attention_mask"][row].sum()) == count
+                got = batch["input_features"][row][:, :count].numpy()
+                np.testing.assert_allclose(got, clip[:, :count], atol=1e-6)
+                row, checked["input_features"] = row + 1, checked["input_features"] + 1
+        for s, ref in enumerate(mine):
+            positions = batch["position_ids"][1:, 0, cu[s] : cu[s + 1]].numpy()
+            np.testing.assert_array_equal(positions, oracle.rope_index(model, ref))
+            checked["positions"] += 1
+    assert min(checked.values()) > 0 and checked["input_features"] == 4, checked
+
+
+def alone_inputs(ref: dict) -> dict:
+    """One sample's own model inputs, as the processor gives them (features padded to 300 s)."""
+    inputs = {}
+    for key in ("pixel_values", "pixel_values_videos", "input_features"):
+        if key in ref:
+            inputs[key] = torch.from_numpy(ref[key])
+    for key in ("image_grid_thw", "video_grid_thw"):
+        if ref[key]:
+            inputs[key] = torch.tensor(ref[key])
+    if ref["video_second_per_grid"]:
+        inputs["video_second_per_grid"] = torch.tensor(ref["video_second_per_grid"])
+    if ref["feature_frames"]:
+        width = inputs["input_features"].shape[-1]
+        inputs["feature_attention_mask"] = torch.tensor(
+            [[1] * n + [0] * (width - n) for n in ref["feature_frames"]]
+        )
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def varlen_reference():
+    register_varlen(kernel=reference_varlen_attn)
+
+
+def alone_with(model):
+    def alone(ids, labels, mine):
+        mask = torch.ones_like(ids)  # the model computes the sample's positions itself
+        return model(input_ids=ids, labels=labels, attention_mask=mask, use_cache=False, **mine)
+
+    return alone
+
+
+def shared_bins(packed: str) -> list[dict]:
+    """The parity pack's bins of two samples or more."""
+    return [b for b in parity_bins(packed) if len(b["sample_ids"]) > 1]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", VARLEN])
+def test_packed_equals_each_sample_alone(family_run, omni, varlen_reference, attention):
+    """The packed bin's logits and summed loss are each sample's alone, from the processor's own
+    inputs; among the bins, one holds clips of two samples (the audio encoder keeps them apart)."""
+    _, _, refs = omni
+    small = family_run("qwen2_5_omni", PARITY_BUDGET)
+    model = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), attention)
+    reference = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), "sdpa")
+    checked, kinds, clip_samples = 0, set(), 0
+    for bin_ in shared_bins(str(small.output / "packed")):
+        batch = collate_packed([bin_])
+        with torch.no_grad():
+            packed = model(**batch)
+        media = [alone_inputs(refs[s]) for s in batch.meta["sample_ids"]]
+        kinds |= {k for m in media for k in m}
+        clip_samples = max(clip_samples, sum("input_features" in m for m in media))
+        checked += assert_each_sample_alone(batch, packed, media, alone_with(reference))
+    assert checked >= 10 and clip_samples >= 2, (checked, clip_samples)
+    assert {"pixel_values", "pixel_values_videos", "input_features"} <= kinds, kinds
+
+
+def test_without_the_text_position_row_samples_leak_and_the_comparison_catches_it(family_run, omni):
+    """The mutant: the batch's three TMRoPE rows without the restarting text row (and no
+    boundaries); transformers then builds one causal mask over the whole row."""
+    _, _, refs = omni
+    small = family_run("qwen2_5_omni", PARITY_BUDGET)
+    model = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), "sdpa")
+    batch = collate_packed([shared_bins(str(small.output / "packed"))[0]])
+    mutant = {k: v for k, v in batch.items() if not k.startswith(("cu_seq_lens", "max_length"))}
+    mutant["position_ids"] = batch["position_ids"][1:]
+    with torch.no_grad():
+        packed = model(**mutant)
+    media = [alone_inputs(refs[s]) for s in batch.meta["sample_ids"]]
+    with pytest.raises(AssertionError, match="differs by"):
+        assert_each_sample_alone(batch, packed, media, alone_with(model))
+
+
+def test_validate_accepts_the_shards(spark, omni):
+    summary = validate.run(spark, omni[0].ctx)
+    assert summary["ok"], summary["problems"]

@@ -1,0 +1,202 @@
+"""Qwen2.5-Omni without Spark: TMRoPE positions against the thinker's own ``get_rope_index`` on
+token layouts of every shape (images, videos at sampling rates whose seconds per patch are not
+whole, clips, text between and after them); the loader's features (each clip's own frames) against
+the feature extractor's for the clip padded to 300 s; what is refused (clips over 300 s or under
+one token); a whole checkpoint's config.json read as its thinker's; and the directory settings
+mmpack refuses (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from transformers import WhisperFeatureExtractor
+
+from loader import audio
+from mmpack_udfs.families import make_family
+from mmpack_udfs.resolve import load_run
+from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
+from tests.mmpack_udfs.families.test_gemma3 import sample
+from tests.mmpack_udfs.families.test_model_dir import refusal
+from tests.mmpack_udfs.families.test_qwen2_audio import write_clip
+from tests.models.build import build_model_dir, tiny_models
+
+IMAGE, VIDEO, AUDIO = 151655, 151656, 151646
+VISION_BOS, VISION_EOS, AUDIO_BOS, AUDIO_EOS = 151652, 151653, 151647, 151648
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    return build_model_dir("qwen2_5_omni", tmp_path_factory.mktemp("qwen2_5_omni") / "model")
+
+
+@pytest.fixture(scope="module")
+def run(published):
+    return load_run(None, [f"tokenize.model={published}", "tokenize.max_tokens=400000"])
+
+
+@pytest.fixture(scope="module")
+def thinker():
+    return tiny_models().tiny_model("qwen2_5_omni_thinker", seed=0)
+
+
+def layout(items: list[tuple]) -> tuple[list[int], list[dict], dict]:
+    """Token ids of text runs and media items — ("text", n), ("image", t, h, w),
+    ("video", t, h, w, seconds), ("audio", frames) — their media rows as tokenize writes them, and
+    the model inputs of get_rope_index."""
+    ids, media = [], []
+    grids = {"image": [], "video": []}
+    seconds, frames = [], []
+    for item in items:
+        if item[0] == "text":
+            ids += [100 + i for i in range(item[1])]
+            continue
+        kind = item[0]
+        if kind == "audio":
+            count = ((item[1] - 1) // 2 + 1 - 2) // 2 + 1
+            ids.append(AUDIO_BOS)
+            media.append(
+                {"kind": "audio", "token_offset": len(ids), "grid_t": item[1], "grid_h": 1, "grid_w": 1}
+            )
+            ids += [AUDIO] * count + [AUDIO_EOS]
+            frames.append(item[1])
+            continue
+        t, h, w = item[1:4]
+        ids.append(VISION_BOS)
+        row = {"kind": kind, "token_offset": len(ids), "grid_t": t, "grid_h": h, "grid_w": w}
+        row["second_per_grid_t"] = item[4] if kind == "video" else None
+        media.append(row)
+        ids += [IMAGE if kind == "image" else VIDEO] * (t * h * w // 4) + [VISION_EOS]
+        grids[kind].append([t, h, w])
+        if kind == "video":
+            seconds.append(item[4])
+    inputs = {
+        "image_grid_thw": torch.tensor(grids["image"]) if grids["image"] else None,
+        "video_grid_thw": torch.tensor(grids["video"]) if grids["video"] else None,
+        "audio_seqlens": torch.tensor(frames) if frames else None,
+        "second_per_grids": torch.tensor(seconds) if seconds else None,
+    }
+    return ids, media, inputs
+
+
+LAYOUTS = [
+    [("text", 5), ("image", 1, 4, 6), ("text", 3)],
+    [("text", 2), ("video", 6, 4, 4, 1.0), ("text", 1), ("audio", 301), ("text", 4)],
+    [("audio", 3), ("image", 1, 2, 2), ("video", 10, 2, 6, 2 / 3), ("video", 4, 8, 2, 2 / 2.5), ("text", 2)],
+    [("text", 1), ("video", 8, 2, 2, 2 / 3), ("image", 1, 20, 2), ("audio", 997), ("audio", 45)],
+]
+
+
+@pytest.mark.parametrize("items", LAYOUTS)
+def test_positions_are_the_thinkers_get_rope_index(run, thinker, items):
+    family = make_family("model", run.config.profile.model_dump())
+    ids, media, inputs = layout(items)
+    input_ids = torch.tensor([ids])
+    expected, _ = thinker.model.get_rope_index(
+        input_ids,
+        inputs["image_grid_thw"],
+        inputs["video_grid_thw"],
+        torch.ones_like(input_ids),
+        False,
+        inputs["audio_seqlens"],
+        inputs["second_per_grids"],
+    )
+    np.testing.assert_array_equal(family.positions(len(ids), media), expected[:, 0].numpy())
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("clips")
+    out = {}
+    for name, spec in {
+        "a.wav": (16000, 1.3, 1, "pcm_s16le"),
+        "b.mp3": (24000, 7.45, 1, "libmp3lame"),
+        "c.flac": (44100, 0.02, 2, "flac"),
+    }.items():
+        write_clip(root / name, *spec)
+        out[name] = str(root / name)
+    return out
+
+
+def test_the_loaders_features_are_the_extractors_for_the_clip_padded_to_300_s(run, published, clips):
+    """The processor pads every clip to 300 s (30,000 frames); the loader computes each clip's own
+    frames, the same values (the thinker reads only those)."""
+    settings = json.loads((published / "preprocessor_config.json").read_text())
+    extractor = WhisperFeatureExtractor(
+        **{k: v for k, v in settings.items() if not k.endswith(("_type", "_class"))}
+    )
+    profile = run.config.profile.audio.model_dump()
+    for uri in clips.values():
+        waveform = audio.decode(uri)
+        full = extractor(  # as Qwen2_5OmniProcessor calls it
+            waveform,
+            sampling_rate=16000,
+            padding="max_length",
+            return_attention_mask=True,
+            return_tensors="np",
+        )
+        frames = int(full["attention_mask"][0].sum())
+        assert full["input_features"].shape[-1] == 30000
+        features, mask = audio.whisper_features(waveform, profile, whole_chunk=False)
+        assert features.shape[-1] == frames == int(mask.sum()) == len(mask)
+        np.testing.assert_array_equal(features, full["input_features"][0][:, :frames])
+
+
+def test_a_clip_the_processor_would_cut_or_that_gives_no_token_is_refused(run):
+    tokenizer = SampleTokenizer(TokenizeSettings.from_config(run.config))
+    for samples, words in ((300 * 16000 + 1, "keeps the first 300 s"), (320, "gives 0 <|AUDIO|> token(s)")):
+        clip = {
+            "kind": "audio",
+            "uri": "x.wav",
+            "width": None,
+            "height": None,
+            "frames": samples,
+            "fps": None,
+        }
+        done, quarantined = tokenizer.tokenize([sample([("user", "<audio>"), ("assistant", "x")], [clip])])
+        assert not done and quarantined[0]["reason"] == "media_unsupported"
+        assert words in quarantined[0]["detail"]
+    clip = {
+        "kind": "audio",
+        "uri": "x.wav",
+        "width": None,
+        "height": None,
+        "frames": 300 * 16000,
+        "fps": None,
+    }
+    (done,), _ = tokenizer.tokenize([sample([("user", "<audio>"), ("assistant", "x")], [clip])])
+    assert [m["num_tokens"] for m in done.media] == [7500]
+
+
+def test_a_whole_checkpoints_config_reads_as_its_thinkers(published, run, tmp_path):
+    """Qwen/Qwen2.5-Omni-7B's config.json: ``model_type: qwen2_5_omni``, the thinker's settings
+    under ``thinker_config`` (the talker's and token2wav's beside them)."""
+    whole = tmp_path / "model"
+    shutil.copytree(published, whole)
+    thinker_config = json.loads((published / "config.json").read_text())
+    config = {
+        "model_type": "qwen2_5_omni",
+        "thinker_config": thinker_config,
+        "talker_config": {},
+        "enable_audio_output": True,
+    }
+    (whole / "config.json").write_text(json.dumps(config))
+    assert load_run(None, [f"tokenize.model={whole}"]).config.profile == run.config.profile
+
+
+@pytest.mark.parametrize(
+    ("file", "changes", "words"),
+    [
+        ("preprocessor_config.json", {"sampling_rate": 24000}, "sampling_rate 24000"),
+        ("preprocessor_config.json", {"feature_size": 80}, "feature_size 80"),
+        ("config.json", {"audio_token_index": 151000}, "audio_token_index 151000 is not the tokenizer's"),
+        ("config.json", {"vision_start_token_id": 151644}, "vision_start_token_id 151644"),
+    ],
+)
+def test_settings_mmpack_does_not_reproduce_are_refused(
+    published, tmp_path, capsys, monkeypatch, file, changes, words
+):
+    assert words in refusal(published, file, changes, tmp_path, capsys, monkeypatch)

@@ -1,0 +1,105 @@
+"""transformers as the oracle for a Qwen2.5-Omni model directory (``model_type: qwen2_5_omni``).
+
+What a user's training script does, one sample per call: the directory's chat template on the
+conversation as content parts (``{"type": "image"}``, ``{"type": "audio", "audio": ...}``,
+``{"type": "video"}``), then transformers' ``Qwen2_5OmniProcessor`` whole (the PIL image
+processor and ``WhisperFeatureExtractor`` from preprocessor_config.json, Qwen2-VL's video
+processor sampling frames at mmpack's documented fps) on the rendered text, the sample's images,
+its waveforms (FFmpeg's 16 kHz decode, as for Qwen2-Audio) and its videos' frames. The processor
+runs in the video oracle's process (``tests/oracles/qwen_video.py``: it needs torchvision).
+Labels: assistant turns after their header through ``<|im_end|>``, media spans excluded.
+Positions: the thinker's own ``get_rope_index``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from loader import audio
+from tests.oracles import qwen_family
+from tests.oracles.qwen_family import chat_template, labels_of
+
+PLACEHOLDER = re.compile(r"(<image>|<video>|<audio>)")
+ASSISTANT_TURN = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.DOTALL)
+MEDIA_SPAN = re.compile(
+    r"<\|vision_bos\|>(?:<\|IMAGE\|>)+<\|vision_eos\|>|<\|vision_bos\|>(?:<\|VIDEO\|>)+<\|vision_eos\|>"
+    r"|<\|audio_bos\|>(?:<\|AUDIO\|>)+<\|audio_eos\|>"
+)
+# mmpack's documented video defaults (the checkpoint ships no video processor config), given to
+# transformers' Qwen2-VL video processor explicitly; the processor passes its own frame size
+VIDEO_SETTINGS = {"fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True}
+Ask = Callable[[dict], list[dict]]
+
+
+def messages(system: str | None, turns: list[dict]) -> list[dict[str, Any]]:
+    """A samples-table conversation as chat messages, each media item a part as users write them."""
+    parts = {
+        "<image>": {"type": "image"},
+        "<video>": {"type": "video"},
+        "<audio>": {"type": "audio", "audio": "a.wav"},
+    }
+    return qwen_family.messages(system, turns, PLACEHOLDER, lambda p: parts[p])
+
+
+def references(model_dir: Path, tokenizer, samples: list[dict], ask: Ask, tmp: Path) -> dict[str, dict]:
+    """What transformers gives for each samples-table row alone (by sample id): ids, labels, grids,
+    seconds per temporal patch, each clip's feature frames, and the pixel values and features."""
+    requests = []
+    for index, sample in enumerate(samples):
+        text = tokenizer.apply_chat_template(
+            messages(sample["system"], sample["turns"]),
+            chat_template=chat_template(model_dir),
+            tokenize=False,
+        )
+        clips = []
+        for k, item in enumerate(m for m in sample["media"] if m["kind"] == "audio"):
+            clips.append(str(tmp / f"s{index}-a{k}.npy"))
+            np.save(clips[-1], audio.decode(item["uri"]))
+        requests.append({
+            "text": text,
+            "images": [m["uri"] for m in sample["media"] if m["kind"] == "image"],
+            "videos": [m["uri"] for m in sample["media"] if m["kind"] == "video"],
+            "audio": clips,
+            "out": str(tmp / f"s{index}"),
+        })  # fmt: skip
+    results = ask({"model_dir": str(model_dir), "video_settings": VIDEO_SETTINGS, "samples": requests})
+    out = {}
+    for sample, request, result in zip(samples, requests, results, strict=True):
+        ids = result["input_ids"]
+        expanded = tokenizer.decode(ids, skip_special_tokens=False)
+        arrays = {
+            key: np.load(f"{request['out']}.{key}.npy")
+            for key in ("pixel_values", "pixel_values_videos", "input_features")
+            if Path(f"{request['out']}.{key}.npy").exists()
+        }
+        out[sample["sample_id"]] = {
+            **result,
+            **arrays,
+            "labels": labels_of(tokenizer, expanded, ids, MEDIA_SPAN, ASSISTANT_TURN),
+            "text": expanded,
+        }
+    return out
+
+
+def rope_index(model, ref: dict[str, Any]) -> np.ndarray:
+    """[3, T] positions of one sample by the thinker's own ``get_rope_index``."""
+    input_ids = torch.tensor([ref["input_ids"]])
+    grids = {
+        key: torch.tensor(ref[key]) if ref[key] else None for key in ("image_grid_thw", "video_grid_thw")
+    }
+    positions, _ = model.model.get_rope_index(
+        input_ids,
+        grids["image_grid_thw"],
+        grids["video_grid_thw"],
+        torch.ones_like(input_ids),
+        False,
+        torch.tensor(ref["feature_frames"]) if ref["feature_frames"] else None,
+        torch.tensor(ref["video_second_per_grid"]) if ref["video_second_per_grid"] else None,
+    )
+    return positions[:, 0].numpy()
