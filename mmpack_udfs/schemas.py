@@ -38,6 +38,8 @@ MEDIA = pa.struct(
         ("duration", pa.float64()),  # video and audio, seconds
         ("sample_rate", pa.int32()),  # audio only: the stream's rate, as stored
         ("channels", pa.int32()),  # audio only
+        # video, with tokenize.use_audio_in_video: samples of its audio track's 16 kHz mono waveform
+        ("audio_samples", pa.int32()),
     ]
 )
 

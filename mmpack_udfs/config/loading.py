@@ -71,7 +71,7 @@ def with_model(data: dict[str, Any], read_model: ModelReader | None = None) -> C
         )
     # first the keys the directory's reading needs (tokenize.model, s3), without the profile it makes
     profiles = {k: v for k, v in data["profiles"].items() if k != MODEL_PROFILE}
-    tokenize = {**data["tokenize"], "profile": Config().tokenize.profile}
+    tokenize = {**data["tokenize"], "profile": Config().tokenize.profile, "use_audio_in_video": False}
     found = read_model(checked({**data, "profiles": profiles, "tokenize": tokenize}))
     data = copy.deepcopy(data)
     data["profiles"][MODEL_PROFILE] = merge(

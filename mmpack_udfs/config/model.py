@@ -394,6 +394,13 @@ class TokenizeConfig(Section):
     rows_per_file: PositiveInt = Field(
         5000, description="samples per Spark task and per Parquet file of `tokenized`"
     )
+    use_audio_in_video: Flag = Field(
+        False,
+        description="a video brings its own audio track, interleaved with its frames in 2 s chunks "
+        "(Qwen2.5-Omni's `use_audio_in_video`, LLaMA-Factory's name): normalize counts each video's "
+        "track and quarantines a video without one (`audio_no_stream`); only for profiles of kind "
+        "`qwen2_5_omni`",
+    )
 
 
 class PackConfig(Section):
@@ -872,6 +879,11 @@ class Qwen25OmniProfile(ProfileSection):
     position_id_per_seconds: Number = Field(
         25, description="TMRoPE time positions per second of video (config.json position_id_per_seconds)"
     )
+    seconds_per_chunk: Number = Field(
+        2,
+        description="seconds of a video and its audio interleaved per chunk (config.json seconds_per_chunk)",
+    )
+    use_audio_in_video: Flag = Field(False, description="set from `tokenize.use_audio_in_video`")
     audio_token_id: PositiveInt = Field(
         151646, description="id of `<|AUDIO|>` (config.json audio_token_index)"
     )
@@ -1053,6 +1065,15 @@ class Config(Section):
                 "mmpack_named",
                 "pack.media: prepared needs pack.embed_media true and a Qwen-VL profile (tokenize.profile "
                 "'{name}' is {kind})",
+                {"name": self.tokenize.profile, "kind": self.profile.kind},
+            )
+        if "use_audio_in_video" in type(self.profile).model_fields:  # one switch: tokenize's
+            self.profile.use_audio_in_video = self.tokenize.use_audio_in_video
+        elif self.tokenize.use_audio_in_video:
+            raise PydanticCustomError(
+                "mmpack_named",
+                "tokenize.use_audio_in_video: profile '{name}' ({kind}) takes no audio from videos "
+                "(Qwen2.5-Omni profiles do)",
                 {"name": self.tokenize.profile, "kind": self.profile.kind},
             )
         names = [d.name for d in self.datasets]

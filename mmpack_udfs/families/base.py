@@ -36,6 +36,7 @@ class MediaPlan:
     frame_indices: tuple[int, ...] = ()
     second_per_grid_t: float | None = None  # videos: seconds per temporal patch (Qwen2.5-VL's mRoPE)
     timestamps: tuple[float, ...] = ()  # videos rendered per temporal group (Qwen3-VL): each group's time
+    audio: MediaPlan | None = None  # a video's own audio track, interleaved with it (Qwen2.5-Omni)
 
 
 @dataclass(frozen=True)

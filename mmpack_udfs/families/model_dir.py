@@ -887,6 +887,7 @@ def _qwen_omni_profile(
     ids = {token: _check_token_id(path, source, thinker, key, token) for key, token in QWEN_OMNI_TOKENS}
     profile["audio_token_id"] = ids["<|AUDIO|>"]
     profile["position_id_per_seconds"] = thinker.get("position_id_per_seconds", 25)
+    profile["seconds_per_chunk"] = thinker.get("seconds_per_chunk", 2)
     return profile
 
 

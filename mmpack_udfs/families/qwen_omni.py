@@ -20,17 +20,23 @@ The thinker is Qwen2.5-VL's vision tower and language model with Qwen2-Audio's a
   after it the block's largest position + 1 (Qwen2.5-VL's rule is p + max(h, w) instead).
 - **Chat**: ChatML with a default system prompt, a message's content parts written in order.
 
-A video's own audio track (``use_audio_in_video``) is not reproduced yet: such a setting is refused.
+- **Audio in video** (``tokenize.use_audio_in_video``): a video's own track (counted by normalize,
+  ``audio_samples``) is planned as a clip; the processor writes ``<|vision_bos|><|audio_bos|>``, the
+  video's and the track's tokens in 2 s chunks (``seconds_per_chunk`` × ``position_id_per_seconds``
+  time indices each, video chunk first), ``<|audio_eos|><|vision_eos|>``; the tokenized row holds
+  the video and, after it, its track (kind ``audio``, the video's uri).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from mmpack_udfs.families.base import IdleMedia, MediaPlan, MediaTokens
+from mmpack_udfs.families.base import IdleMedia, LayoutElement, MediaPlan, MediaTokens
 from mmpack_udfs.families.qwen2_audio import audio_tokens, clip_plan
 from mmpack_udfs.families.qwen_vl import Qwen25VL
 
@@ -61,15 +67,107 @@ class Qwen25Omni(Qwen25VL):
             self.settings["audio"], samples, "Qwen2.5-Omni", 1, "the encoder gives it no feature"
         )
 
-    def positions(self, length: int, media: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        blocks = [b for m in media if m["kind"] != "audio" for b in self.vision_blocks(m)]
-        return tmrope_positions(length, blocks, self.settings["position_id_per_seconds"])
+    @property
+    def audio_in_video(self) -> bool:
+        """Whether videos bring their own audio track (``tokenize.use_audio_in_video``)."""
+        return bool(self.settings.get("use_audio_in_video"))
 
-    def vision_blocks(self, item: Mapping[str, Any]) -> list[tuple[int, int, int, int, float]]:
-        """One block per item: (token offset, t, h, w, seconds per temporal patch; images 1)."""
+    def plans(self, media: Sequence[Mapping[str, Any]]) -> list[MediaPlan]:
+        """Each item's plan; with audio in video, a video's plan carries its track's
+        (``MediaPlan.audio``: the samples normalize counted, ``audio_samples``)."""
+        plans = super().plans(media)
+        if not self.audio_in_video:
+            return plans
+        return [
+            dataclasses.replace(plan, audio=self.plan_audio(item["audio_samples"]))
+            if plan.kind == "video"
+            else plan
+            for plan, item in zip(plans, media, strict=True)
+        ]
+
+    def media_layout(self, plan: MediaPlan) -> list[LayoutElement]:
+        """A video with its track: ``<|vision_bos|><|audio_bos|>``, then video and audio tokens in
+        2 s chunks (video chunk j, audio chunk j, … as ``Qwen2_5OmniProcessor.replace_video_with_
+        audio_token`` interleaves them), ``<|audio_eos|><|vision_eos|>``."""
+        if plan.audio is None:
+            return super().media_layout(plan)
+        video, audio = self.media_tokens["video"], self.media_tokens["audio"]
+        chunks: list[LayoutElement] = []
+        video_runs, audio_runs = self._chunks(plan, processor=True)
+        for j in range(max(len(video_runs), len(audio_runs))):
+            if j < len(video_runs):
+                chunks.append(("pad", video_runs[j]))
+            if j < len(audio_runs):
+                chunks.append(("track", audio_runs[j]))
+        return [
+            ("token", video.before[0]), ("token", audio.before[0]), *chunks,
+            ("token", audio.after[0]), ("token", video.after[0]),
+        ]  # fmt: skip
+
+    def _chunks(self, plan: MediaPlan, processor: bool) -> tuple[list[int], list[int]]:
+        """Token counts of a video's and its track's 2 s chunks: by the processor's time indices
+        (float64) or the model's (``get_rope_index``: float32, truncated)."""
+        per_chunk = int(self.settings["position_id_per_seconds"] * self.settings["seconds_per_chunk"])
+        per_patch = plan.grid[1] * plan.grid[2] // self.merge_size**2
+        times = self._times(plan.grid[0], plan.second_per_grid_t, exact=processor)
+        video = chunk_lengths(np.repeat(times, per_patch), per_chunk)
+        return video, chunk_lengths(np.arange(plan.audio.num_tokens), per_chunk)
+
+    def _times(self, t: int, seconds: float, exact: bool) -> np.ndarray:
+        """Each temporal patch's time index: ``i · seconds · position_id_per_seconds``, in float64
+        (the processor's) or float32 truncated (the model's)."""
+        per_second = self.settings["position_id_per_seconds"]
+        if exact:
+            return np.arange(t) * float(seconds) * per_second
+        return (np.arange(t, dtype=np.float32) * np.float32(seconds) * np.float32(per_second)).astype(
+            np.int64
+        )
+
+    def positions(self, length: int, media: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        rows = sorted(media, key=lambda m: m["token_offset"])
+        spans = []
+        for index, item in enumerate(rows):
+            if item["kind"] == "audio":  # a clip counts as text (a video's track: with its video)
+                continue
+            if item["kind"] == "video" and self.audio_in_video:
+                spans.append(self._video_with_track(item, rows[index + 1]))
+            else:
+                spans.append(self._block(item))
+        return tmrope_positions(length, spans)
+
+    def _block(self, item: Mapping[str, Any]) -> tuple[int, np.ndarray, int]:
+        """An image's or video's block: (offset, positions from 0, advance: largest + 1)."""
         h, w = item["grid_h"] // self.merge_size, item["grid_w"] // self.merge_size
         seconds = item["second_per_grid_t"] if item["kind"] == "video" else 1.0
-        return [(item["token_offset"], item["grid_t"], h, w, seconds)]
+        grid = _grid(self._times(item["grid_t"], seconds, exact=False), h, w)
+        return item["token_offset"], grid, int(grid.max()) + 1
+
+    def _video_with_track(
+        self, video: Mapping[str, Any], track: Mapping[str, Any]
+    ) -> tuple[int, np.ndarray, int]:
+        """A video with its track, from its ``<|vision_bos|>``: the two bos tokens share a
+        position; the video's block and the track's run both start after it and are taken in the
+        model's 2 s chunks (video chunk j, then audio chunk j); the two eos tokens share the last
+        chunk's largest position + 1 (``get_rope_index`` with ``use_audio_in_video``)."""
+        sound = MediaPlan("audio", (track["grid_t"], 1, 1), audio_tokens(track["grid_t"]), (0, 0))
+        grid_thw = (video["grid_t"], video["grid_h"], video["grid_w"])
+        plan = MediaPlan(
+            "video", grid_thw, 0, (0, 0), second_per_grid_t=video["second_per_grid_t"], audio=sound
+        )
+        _, grid, _ = self._block(video)
+        heard = np.broadcast_to(np.arange(sound.num_tokens), (3, sound.num_tokens))
+        video_runs, audio_runs = self._chunks(plan, processor=False)
+        parts, v, a = [np.zeros((3, 2), np.int64)], 0, 0
+        for j in range(max(len(video_runs), len(audio_runs))):
+            if j < len(video_runs):
+                parts.append(grid[:, v : v + video_runs[j]] + 1)
+                v += video_runs[j]
+            if j < len(audio_runs):
+                parts.append(heard[:, a : a + audio_runs[j]] + 1)
+                a += audio_runs[j]
+        eos = int(parts[-1].max()) + 1
+        parts.append(np.full((3, 2), eos, np.int64))
+        return video["token_offset"] - 2, np.concatenate(parts, axis=1), eos + 1
 
     @classmethod
     def idle_media(cls, config: Any) -> list[IdleMedia]:
@@ -84,24 +182,35 @@ class Qwen25Omni(Qwen25VL):
         return [*vision, clip]
 
 
-def tmrope_positions(
-    length: int, blocks: Sequence[tuple[int, int, int, int, float]], per_second: float
-) -> np.ndarray:
+def chunk_lengths(indices: np.ndarray, per_chunk: int) -> list[int]:
+    """Token counts of the chunks transformers cuts a run of time indices into
+    (``get_chunked_index``): a chunk ends before the first token at or past ``k · per_chunk``,
+    k counting up by one per cut."""
+    cuts, current = [0], 1
+    for i, value in enumerate(indices.tolist()):
+        if value >= current * per_chunk:
+            cuts.append(i)
+            current += 1
+    cuts.append(len(indices))
+    return [b - a for a, b in itertools.pairwise(cuts)]
+
+
+def _grid(times: np.ndarray, h: int, w: int) -> np.ndarray:
+    """[3, t·h·w]: (time, row, column) of a block's tokens, from 0."""
+    return np.stack(np.meshgrid(times, np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
+
+
+def tmrope_positions(length: int, spans: Sequence[tuple[int, np.ndarray, int]]) -> np.ndarray:
     """[3, length] TMRoPE positions of one sample (Qwen-Omni's ``get_rope_index``): text (and
-    audio) advance all three rows by one per token; a block (offset, t, h, w, seconds) starting at
-    position p takes (p + int(i · seconds · per_second), p + row, p + column), in float32 as the
-    model computes it, and the next token the block's largest position + 1."""
+    audio clips) advance all three rows by one per token; a span (offset, positions from 0,
+    advance) starting at position p takes p + its positions, and the next token p + advance."""
     rows, cursor, position = [], 0, 0
-    for offset, t, h, w, seconds in sorted(blocks, key=lambda b: b[0]):
+    for offset, relative, advance in sorted(spans, key=lambda s: s[0]):
         text = np.arange(offset - cursor) + position
         rows.append(np.broadcast_to(text, (3, len(text))))
         position += offset - cursor
-        times = (np.arange(t, dtype=np.float32) * np.float32(seconds) * np.float32(per_second)).astype(
-            np.int64
-        )
-        grid = np.stack(np.meshgrid(times, np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
-        rows.append(grid + position)
-        position += int(max(times[-1], h - 1, w - 1)) + 1
-        cursor = offset + t * h * w
+        rows.append(relative + position)
+        position += advance
+        cursor = offset + relative.shape[1]
     rows.append(np.broadcast_to(np.arange(length - cursor) + position, (3, length - cursor)))
     return np.concatenate(rows, axis=1).astype(np.int64)

@@ -62,13 +62,17 @@ class NormalizeSettings:
     probe_cache_size: int = 4096  # inline media's probe results a task keeps
 
     @classmethod
-    def from_config(cls, section: NormalizeConfig, media_dir: str) -> NormalizeSettings:
-        """What the executors need of the (checked) ``normalize`` section."""
+    def from_config(
+        cls, section: NormalizeConfig, media_dir: str, video_audio: bool = False
+    ) -> NormalizeSettings:
+        """What the executors need of the (checked) ``normalize`` section (``video_audio``:
+        ``tokenize.use_audio_in_video``)."""
         probe = media.ProbeSettings(
             max_image_pixels=section.max_image_pixels,
             decode_images=section.decode_images,
             video_check_frames=section.video_check_frames,
             max_audio_seconds=float(section.max_audio_seconds),
+            video_audio=video_audio,
         )
         return cls(probe=probe, media_dir=media_dir, max_raw_chars=section.max_raw_chars)
 

@@ -50,7 +50,9 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         print(format_summary(previous))
         return previous
 
-    settings = records.NormalizeSettings.from_config(config.normalize, fs.join(ctx.output, "media"))
+    settings = records.NormalizeSettings.from_config(
+        config.normalize, fs.join(ctx.output, "media"), config.tokenize.use_audio_in_video
+    )
     splits = inputs.plan_splits(files, config.normalize.split_bytes, storage)
     normalized = _normalized_rows(spark, splits, specs, settings, storage)
     unique = _unique_samples(spark, normalized, samples_uri, ctx.mode, storage)

@@ -111,6 +111,7 @@ class Piece(NamedTuple):
     repeat: int = 1
     supervised: bool = False
     media: int = -1  # index of the media item, on its pad run
+    track: bool = False  # the pad run is of the item's own audio track (a video's, MediaPlan.audio)
     span: int = -1  # index of the media item, on every piece of its span (wrappers and pads)
     turn: int = -1  # index of the turn the piece belongs to (-1: system prompt)
     quiet: tuple[tuple[int, int], ...] = ()  # character ranges of `text` never supervised (a role header)
@@ -293,9 +294,11 @@ class SampleTokenizer:
         for what, value in layout:
             if what == "token":
                 pieces.append(Piece(None, (self.special[value],), turn=turn, span=index))
-            elif what == "pad":
-                pad = (self.special[self.profile.media_tokens[plan.kind].pad],)
-                pieces.append(Piece(None, pad, repeat=value, media=index, turn=turn, span=index))
+            elif what in ("pad", "track"):  # the item's pads, or its audio track's
+                kind = plan.kind if what == "pad" else "audio"
+                pad = (self.special[self.profile.media_tokens[kind].pad],)
+                track = what == "track"
+                pieces.append(Piece(None, pad, repeat=value, media=index, turn=turn, span=index, track=track))
             else:
                 pieces.append(Piece(value, turn=turn, span=index))
         return pieces
@@ -529,16 +532,18 @@ def _append_joined(pieces: list[Piece], media: list[Piece]) -> None:
 def _assemble(sample_id: str, sample, plans, pieces, enc: Encoded) -> Tokenized:
     result = Tokenized(sample_id, sample["sample_id"], sample["dataset"], enc.ids, enc.labels)
     result.weight = sample.get("weight", 1.0)  # a samples table written before weights has none
-    runs: dict[int, list[int]] = {}  # media index -> token offsets of its pad runs
+    runs: dict[tuple[int, bool], list[int]] = {}  # (media index, its track?) -> offsets of its pad runs
     offset = 0
     for piece, length in zip(pieces, enc.lengths, strict=True):
         if piece.media >= 0:
-            runs.setdefault(piece.media, []).append(offset)
+            runs.setdefault((piece.media, piece.track), []).append(offset)
         offset += length
     result.reordered = list(runs) != sorted(runs)  # media rows follow the tokens
-    for index, starts in runs.items():
-        plan = plans[index]
-        result.media.append(_media_row(sample["media"][index], plan, starts))
+    for (index, track), starts in runs.items():
+        plan, source = plans[index], sample["media"][index]
+        if track:  # a video's audio track: a clip of the video's file
+            plan, source = plan.audio, {**source, "width": None, "height": None}
+        result.media.append(_media_row(source, plan, starts))
         if plan.kind == "image":
             result.image_tokens += plan.num_tokens
         elif plan.kind == "video":

@@ -10,6 +10,7 @@ a batch without its restarting text positions (the boundaries dropped) fails tha
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -191,3 +192,108 @@ def test_without_the_text_position_row_samples_leak_and_the_comparison_catches_i
 def test_validate_accepts_the_shards(spark, omni):
     summary = validate.run(spark, omni[0].ctx)
     assert summary["ok"], summary["problems"]
+
+
+# --- audio in video (tokenize.use_audio_in_video) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def audio_in_video(spark, tmp_path_factory, family_run):
+    """A small dataset of videos with sound (one silent), a clip and an image, run through
+    normalize, tokenize and pack with ``tokenize.use_audio_in_video`` on the Qwen2.5-Omni
+    directory; its rows and transformers' references (``load_audio_from_video``)."""
+    from PIL import Image
+
+    from mmpack_udfs.families.model_dir import load_tokenizer
+    from tests.integration.test_input_forms import config_file, run
+    from tests.mmpack_udfs.families.test_qwen2_audio import write_clip
+    from tests.mmpack_udfs.families.test_qwen_omni import write_video
+
+    root = tmp_path_factory.mktemp("audio-in-video")
+    media = root / "media"
+    media.mkdir()
+    write_video(media / "long.mp4", 5.0, sound=True)
+    write_video(media / "short.mp4", 1.5, sound=True, fps=10, rate=16000)
+    write_video(media / "silent.mp4", 1.0, sound=False)
+    write_clip(media / "clip.wav", 16000, 1.3, 1, "pcm_s16le")
+    Image.new("RGB", (120, 90), (200, 40, 40)).save(media / "red.png")
+
+    def record(question: str, answer: str, **items) -> dict:
+        turns = [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+        return {"conversations": turns, **items}
+
+    records = [
+        record("<video> What do you hear?", "A swelling tone.", videos=["long.mp4"]),
+        record(
+            "<image> and <video>, then <audio>.",
+            "Red, a tone, a tone.",
+            images=["red.png"],
+            videos=["short.mp4"],
+            audios=["clip.wav"],
+        ),
+        record("<audio> before <video>", "Same tone.", audios=["clip.wav"], videos=["short.mp4"]),
+        record("<video> Anything?", "Silence.", videos=["silent.mp4"]),
+        record("Hello?", "Hi."),
+    ]
+    (root / "av.json").write_text(json.dumps(records))
+    config = config_file(root, [{"name": "av", "paths": ["av.json"], "media_root": "media"}])
+    model = family_run("qwen2_5_omni").model_dir
+    overrides = (f"tokenize.model={model}", "tokenize.use_audio_in_video=true", *PACKED_SETTINGS)
+    out = root / "out"
+    summaries = run(spark, config, out, "normalize", "tokenize", "pack", overrides=overrides)
+    samples = tables.read_arrow(table_uri(str(out), "samples")).to_pylist()
+    rows = tables.read_arrow(table_uri(str(out), "tokenized")).to_pylist()
+    by_id = {s["sample_id"]: s for s in samples}
+    refs = oracle.references(
+        model, load_tokenizer(str(model)), [by_id[r["sample_id"]] for r in rows], VIDEO_ORACLE.ask, root, True
+    )
+    return out, summaries, rows, refs
+
+
+PACKED_SETTINGS = ("pack.budget=4096", "pack.oversize=skip")
+
+
+def test_a_silent_video_is_quarantined_and_rows_reconcile(audio_in_video):
+    out, summaries, rows, _ = audio_in_video
+    assert summaries[0]["datasets"]["av"] == {
+        "read": 5, "samples": 4, "quarantined": 1, "duplicates": 0, "reasons": {"audio_no_stream": 1}
+    }  # fmt: skip
+    quarantined = tables.read_arrow(table_uri(str(out), "quarantine")).to_pylist()
+    assert ["silent.mp4" in q["detail"] for q in quarantined] == [True]
+    assert len(rows) == 4
+
+
+def test_audio_in_video_is_the_processors_and_the_thinkers(audio_in_video):
+    """ids, labels, grids and each track's frames (after its video, in text order) against
+    ``Qwen2_5OmniProcessor`` with ``load_audio_from_video``; in the packed bin, every sample's
+    positions against ``get_rope_index(use_audio_in_video=True)`` and its features against the
+    processor's."""
+    out, _, rows, refs = audio_in_video
+    for row in rows:
+        ref = refs[row["sample_id"]]
+        assert row["input_ids"] == ref["input_ids"] and row["labels"] == ref["labels"], row["sample_id"]
+        assert [m["grid_t"] for m in row["media"] if m["kind"] == "audio"] == ref["feature_frames"]
+    model, checked = thinker(), 0
+    for bin_ in PackedDataset(str(out / "packed"), shuffle=False):
+        batch = collate_packed([bin_])
+        cu, row = batch.meta["cu_seq_lens"], 0
+        for s, sample_id in enumerate(batch.meta["sample_ids"]):
+            ref = refs[sample_id]
+            positions = batch["position_ids"][1:, 0, cu[s] : cu[s + 1]].numpy()
+            np.testing.assert_array_equal(positions, oracle.rope_index(model, ref, audio_in_video=True))
+            for clip, count in zip(ref.get("input_features", []), ref["feature_frames"], strict=True):
+                got = batch["input_features"][row][:, :count].numpy()
+                np.testing.assert_allclose(got, clip[:, :count], atol=1e-6)
+                row, checked = row + 1, checked + 1
+    assert checked == 5  # two tracks of short.mp4, long.mp4's, two clips
+
+
+def test_audio_in_video_packed_equals_each_sample_alone(audio_in_video):
+    out, _, _, refs = audio_in_video
+    model = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), "sdpa")
+    (bin_,) = PackedDataset(str(out / "packed"), shuffle=False)
+    batch = collate_packed([bin_])
+    with torch.no_grad():
+        packed = model(**batch)
+    media = [{**alone_inputs(refs[s]), "use_audio_in_video": True} for s in batch.meta["sample_ids"]]
+    assert assert_each_sample_alone(batch, packed, media, alone_with(model)) == 4

@@ -47,9 +47,13 @@ def messages(system: str | None, turns: list[dict]) -> list[dict[str, Any]]:
     return qwen_family.messages(system, turns, PLACEHOLDER, lambda p: parts[p])
 
 
-def references(model_dir: Path, tokenizer, samples: list[dict], ask: Ask, tmp: Path) -> dict[str, dict]:
+def references(
+    model_dir: Path, tokenizer, samples: list[dict], ask: Ask, tmp: Path, audio_in_video: bool = False
+) -> dict[str, dict]:
     """What transformers gives for each samples-table row alone (by sample id): ids, labels, grids,
-    seconds per temporal patch, each clip's feature frames, and the pixel values and features."""
+    seconds per temporal patch, each clip's feature frames, and the pixel values and features.
+    ``audio_in_video``: each video brings its track (``load_audio_from_video``), the audio slots
+    in text order (``audio_from_video_indices``)."""
     requests = []
     for index, sample in enumerate(samples):
         text = tokenizer.apply_chat_template(
@@ -57,17 +61,23 @@ def references(model_dir: Path, tokenizer, samples: list[dict], ask: Ask, tmp: P
             chat_template=chat_template(model_dir),
             tokenize=False,
         )
-        clips = []
-        for k, item in enumerate(m for m in sample["media"] if m["kind"] == "audio"):
-            clips.append(str(tmp / f"s{index}-a{k}.npy"))
-            np.save(clips[-1], audio.decode(item["uri"]))
-        requests.append({
+        clips, slots, videos = [], [], 0
+        for item in sample["media"]:
+            if item["kind"] == "audio" or (item["kind"] == "video" and audio_in_video):
+                clips.append(str(tmp / f"s{index}-a{len(clips)}.npy"))
+                np.save(clips[-1], audio.decode(item["uri"]))  # a clip, or a video's track
+                slots.append(videos if item["kind"] == "video" else None)
+            videos += item["kind"] == "video"
+        request = {
             "text": text,
             "images": [m["uri"] for m in sample["media"] if m["kind"] == "image"],
             "videos": [m["uri"] for m in sample["media"] if m["kind"] == "video"],
             "audio": clips,
             "out": str(tmp / f"s{index}"),
-        })  # fmt: skip
+        }
+        if audio_in_video and request["videos"]:
+            request["audio_from_video_indices"] = slots
+        requests.append(request)
     results = ask({"model_dir": str(model_dir), "video_settings": VIDEO_SETTINGS, "samples": requests})
     out = {}
     for sample, request, result in zip(samples, requests, results, strict=True):
@@ -87,7 +97,7 @@ def references(model_dir: Path, tokenizer, samples: list[dict], ask: Ask, tmp: P
     return out
 
 
-def rope_index(model, ref: dict[str, Any]) -> np.ndarray:
+def rope_index(model, ref: dict[str, Any], audio_in_video: bool = False) -> np.ndarray:
     """[3, T] positions of one sample by the thinker's own ``get_rope_index``."""
     input_ids = torch.tensor([ref["input_ids"]])
     grids = {
@@ -98,7 +108,7 @@ def rope_index(model, ref: dict[str, Any]) -> np.ndarray:
         grids["image_grid_thw"],
         grids["video_grid_thw"],
         torch.ones_like(input_ids),
-        False,
+        audio_in_video,
         torch.tensor(ref["feature_frames"]) if ref["feature_frames"] else None,
         torch.tensor(ref["video_second_per_grid"]) if ref["video_second_per_grid"] else None,
     )

@@ -213,11 +213,15 @@ def omni_samples(request: dict) -> list[dict]:
                 VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=list(range(len(frames))))
             )
         audio = [np.load(path) for path in sample["audio"]]
+        # audio in video: one audio per slot in text order, a video's track decoded by the caller
+        # (transformers decodes it with torchcodec otherwise), ``audio_from_video_indices`` naming it
+        slots = sample.get("audio_from_video_indices")
+        extra = {"audio_from_video_indices": slots, "load_audio_from_video": True} if slots else {}
         out = processor(
             text=[sample["text"]], images=images or None, audio=audio or None, videos=videos or None,
             videos_kwargs={"video_metadata": metadata, "do_sample_frames": True, "fps": video_settings["fps"],
                            "input_data_format": "channels_last"} if videos else {},
-            return_tensors="np",
+            return_tensors="np", **extra,
         )  # fmt: skip
         result = {"input_ids": [int(i) for i in out["input_ids"][0]]}
         for key in ("image_grid_thw", "video_grid_thw"):

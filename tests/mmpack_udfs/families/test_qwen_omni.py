@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import av
 import numpy as np
 import pytest
 import torch
@@ -17,6 +18,8 @@ from transformers import WhisperFeatureExtractor
 
 from loader import audio
 from mmpack_udfs.families import make_family
+from mmpack_udfs.normalize import media
+from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.resolve import load_run
 from mmpack_udfs.tokenize.encoder import SampleTokenizer, TokenizeSettings
 from tests.mmpack_udfs.families.test_gemma3 import sample
@@ -200,3 +203,101 @@ def test_settings_mmpack_does_not_reproduce_are_refused(
     published, tmp_path, capsys, monkeypatch, file, changes, words
 ):
     assert words in refusal(published, file, changes, tmp_path, capsys, monkeypatch)
+
+
+def write_video(path, seconds: float, sound: bool, fps: int = 8, rate: int = 22050) -> None:
+    """An MP4 of moving colour (MPEG-4 Part 2) and, with ``sound``, an AAC tone track."""
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("mpeg4", rate=fps)
+        video.width, video.height, video.pix_fmt = 96, 64, "yuv420p"
+        track = out.add_stream("aac", rate=rate, layout="mono") if sound else None
+        for i in range(round(seconds * fps)):
+            frame = np.zeros((64, 96, 3), np.uint8)
+            frame[:, :, 0], frame[: i % 64, :, 1] = (i * 20) % 255, 200
+            out.mux(video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        out.mux(video.encode(None))
+        if track is not None:
+            t = np.arange(round(seconds * rate)) / rate
+            tone = (0.3 * np.sin(2 * np.pi * 330 * t) * np.sin(2 * np.pi * 0.4 * t)).astype(np.float32)
+            for start in range(0, len(tone), 1024):
+                piece = av.AudioFrame.from_ndarray(
+                    tone[None, start : start + 1024], format="fltp", layout="mono"
+                )
+                piece.sample_rate = rate
+                out.mux(track.encode(piece))
+            out.mux(track.encode(None))
+
+
+@pytest.fixture(scope="module")
+def sounding(tmp_path_factory, clips) -> dict[str, dict]:
+    """Probed media rows with each video's track counted (``use_audio_in_video``), by name."""
+    root = tmp_path_factory.mktemp("videos")
+    settings = media.ProbeSettings(video_audio=True)
+    out = {}
+    for name, seconds in (("long.mp4", 5.0), ("short.mp4", 1.5)):
+        write_video(root / name, seconds, sound=True)
+        out[name] = media.probe("video", str(root / name), settings).as_row()
+    write_video(root / "silent.mp4", 1.0, sound=False)
+    out["silent.mp4"] = str(root / "silent.mp4")
+    out["a.wav"] = media.probe("audio", clips["a.wav"], settings).as_row()
+    return out
+
+
+AUDIO_IN_VIDEO = [
+    ([("user", "<video> What do you hear?"), ("assistant", "A tone.")], ["long.mp4"]),
+    (
+        [
+            ("user", "<audio> first, then <video>"),
+            ("assistant", "Both hum."),
+            ("user", "<video>"),
+            ("assistant", "x"),
+        ],
+        ["a.wav", "short.mp4", "long.mp4"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("turns", "names"), AUDIO_IN_VIDEO)
+def test_audio_in_video_is_the_processors_and_the_thinkers(
+    published, sounding, thinker, tmp_path, turns, names
+):
+    """``tokenize.use_audio_in_video``: ids, labels, grids, the tracks' frames (after each
+    video, in text order) against ``Qwen2_5OmniProcessor`` with ``load_audio_from_video``, and
+    positions against ``get_rope_index(use_audio_in_video=True)``, over videos of several 2 s chunks."""
+    from mmpack_udfs.families.model_dir import load_tokenizer
+    from tests.integration.test_family_tokens import VIDEO_ORACLE
+    from tests.oracles import qwen_omni as oracle
+
+    run = load_run(None, [f"tokenize.model={published}", "tokenize.use_audio_in_video=true"])
+    row = sample(turns, [sounding[n] for n in names])
+    (got,), quarantined = SampleTokenizer(TokenizeSettings.from_config(run.config)).tokenize([row])
+    assert not quarantined
+    refs = oracle.references(
+        published, load_tokenizer(str(published)), [row], VIDEO_ORACLE.ask, tmp_path, True
+    )
+    ref = refs[row["sample_id"]]
+    assert got.input_ids.tolist() == ref["input_ids"]
+    assert got.labels.tolist() == ref["labels"]
+    assert [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in got.media if m["kind"] == "video"] == ref[
+        "video_grid_thw"
+    ]
+    assert [m["grid_t"] for m in got.media if m["kind"] == "audio"] == ref["feature_frames"]
+    family = make_family("model", run.config.profile.model_dump())
+    positions = family.positions(len(got.input_ids), got.media)
+    np.testing.assert_array_equal(positions, oracle.rope_index(thinker, ref, audio_in_video=True))
+
+
+def test_a_video_without_sound_is_quarantined_when_its_audio_is_asked_for(sounding):
+    with pytest.raises(Rejected) as rejected:
+        media.probe("video", sounding["silent.mp4"], media.ProbeSettings(video_audio=True))
+    assert rejected.value.reason == Reason.AUDIO_NO_STREAM
+    assert "tokenize.use_audio_in_video" in str(rejected.value)
+    assert media.probe("video", sounding["silent.mp4"], media.ProbeSettings()).audio_samples is None
+
+
+def test_audio_in_video_is_refused_for_a_family_without_it(capsys, tmp_path):
+    from mmpack_udfs import cli
+
+    code = cli.main(["tokenize", "--out", str(tmp_path), "--set", "tokenize.use_audio_in_video=true"])
+    assert code == cli.EXIT_BAD_CONFIG
+    assert "takes no audio from videos" in capsys.readouterr().err
