@@ -155,13 +155,18 @@ def shared_bins(packed: str) -> list[dict]:
 @pytest.mark.parametrize("attention", ["sdpa", "eager", VARLEN])
 def test_packed_equals_each_sample_alone(family_run, omni, varlen_reference, attention):
     """The packed bin's logits and summed loss are each sample's alone, from the processor's own
-    inputs; among the bins, one holds clips of two samples (the audio encoder keeps them apart)."""
+    inputs; among the bins, one holds clips of two samples (the audio encoder keeps them apart).
+    SDPA on every bin of two samples or more; eager and mmpack_varlen on those with videos or clips
+    (a forward costs its tokens × the real vocabulary)."""
     _, _, refs = omni
     small = family_run("qwen2_5_omni", PARITY_BUDGET)
     model = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), attention)
     reference = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), "sdpa")
+    bins = shared_bins(str(small.output / "packed"))
+    if attention != "sdpa":
+        bins = [b for b in bins if "pixel_values_videos" in b or "input_features" in b]
     checked, kinds, clip_samples = 0, set(), 0
-    for bin_ in shared_bins(str(small.output / "packed")):
+    for bin_ in bins:
         batch = collate_packed([bin_])
         with torch.no_grad():
             packed = model(**batch)
@@ -169,7 +174,7 @@ def test_packed_equals_each_sample_alone(family_run, omni, varlen_reference, att
         kinds |= {k for m in media for k in m}
         clip_samples = max(clip_samples, sum("input_features" in m for m in media))
         checked += assert_each_sample_alone(batch, packed, media, alone_with(reference))
-    assert checked >= 10 and clip_samples >= 2, (checked, clip_samples)
+    assert checked >= 8 and clip_samples >= 2, (checked, clip_samples)
     assert {"pixel_values", "pixel_values_videos", "input_features"} <= kinds, kinds
 
 
