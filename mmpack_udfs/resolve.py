@@ -19,12 +19,27 @@ from pathlib import Path
 from mmpack_udfs.config import Config, load_config
 from mmpack_udfs.config.model import MODEL_PROFILE
 from mmpack_udfs.context import RunContext
-from mmpack_udfs.families import base, chat, gemma3, internvl, llava_onevision, model_dir, qwen_vl
+from mmpack_udfs.families import (
+    base,
+    chat,
+    gemma3,
+    gemma4,
+    glm_v,
+    internvl,
+    llava_onevision,
+    model_dir,
+    qwen2_audio,
+    qwen_omni,
+    qwen_vl,
+)
 from mmpack_udfs.io import cache, fs
 from mmpack_udfs.tokenize import encoder, template_check
 
 # the code a template verdict depends on (the cache key): the families' renderers and layouts
-RENDERER_MODULES = (base, chat, gemma3, internvl, llava_onevision, qwen_vl, encoder, template_check)
+RENDERER_MODULES = (
+    base, chat, gemma3, gemma4, glm_v, internvl, llava_onevision, qwen2_audio, qwen_omni, qwen_vl, encoder,
+    template_check,
+)  # fmt: skip
 
 
 def load_run(config_file: str | os.PathLike | None = None, overrides=()) -> RunContext:

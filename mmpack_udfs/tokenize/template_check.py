@@ -151,8 +151,12 @@ def chosen_renderer(settings, template: str, source: str) -> str:
 
 def _first_difference(sample_tokenizer, hf, template: str) -> str | None:
     compared = 0
-    for system, probe in PROBES:
-        turns = _for_modalities(probe, sample_tokenizer.profile.modalities)
+    probes = [
+        (system, turns)
+        for system, probe in PROBES
+        for turns in _for_modalities(probe, sample_tokenizer.profile.modalities)
+    ]
+    for system, turns in probes:
         plans = [_template_plan(m) for m in PLACEHOLDER.findall("".join(t["text"] for t in turns))]
         try:
             expected = template_ids(hf, template, system, turns, sample_tokenizer.profile.content_parts)
@@ -186,12 +190,14 @@ def _first_difference(sample_tokenizer, hf, template: str) -> str | None:
 KIND = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video", AUDIO_PLACEHOLDER: "audio"}
 
 
-def _for_modalities(turns: Turns, modalities: Sequence[str]) -> Turns:
-    """The probe's turns with its image and video placeholders as audio ones, for a family that
-    encodes audio only (Qwen2-Audio)."""
-    if "image" in modalities:
-        return turns
-    return [{**t, "text": PLACEHOLDER.sub(AUDIO_PLACEHOLDER, t["text"])} for t in turns]
+def _for_modalities(turns: Turns, modalities: Sequence[str]) -> list[Turns]:
+    """The probe's turns as the family's media kinds need them: as they are for a vision family;
+    with every image and video placeholder an audio one for a family that encodes audio only
+    (Qwen2-Audio); both for one that encodes all three (the Omni thinkers)."""
+    as_audio = [{**t, "text": PLACEHOLDER.sub(AUDIO_PLACEHOLDER, t["text"])} for t in turns]
+    if "audio" not in modalities:
+        return [turns]
+    return [turns, as_audio] if "image" in modalities else [as_audio]
 
 
 def _template_plan(placeholder: str) -> MediaPlan:

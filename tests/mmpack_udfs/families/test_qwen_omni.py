@@ -301,3 +301,19 @@ def test_audio_in_video_is_refused_for_a_family_without_it(capsys, tmp_path):
     code = cli.main(["tokenize", "--out", str(tmp_path), "--set", "tokenize.use_audio_in_video=true"])
     assert code == cli.EXIT_BAD_CONFIG
     assert "takes no audio from videos" in capsys.readouterr().err
+
+
+def test_a_template_that_writes_clips_otherwise_is_refused(published, tmp_path, capsys, monkeypatch):
+    """The template check probes the directory's template with clips too (a family that encodes
+    images, videos and audio): a newline after each clip is a difference, and the run exits 2."""
+    from mmpack_udfs import cli
+
+    variant = tmp_path / "model"
+    shutil.copytree(published, variant)
+    template = (variant / "chat_template.jinja").read_text()
+    span = "<|audio_bos|><|AUDIO|><|audio_eos|>"
+    (variant / "chat_template.jinja").write_text(template.replace(span, span + "\n"))
+    monkeypatch.setattr("mmpack_udfs.io.spark.get_spark", lambda *a, **k: pytest.fail("Spark started"))
+    code = cli.main(["tokenize", "--out", str(tmp_path / "out"), "--set", f"tokenize.model={variant}"])
+    assert code == cli.EXIT_BAD_CONFIG
+    assert "renders conversations in a way mmpack does not reproduce" in capsys.readouterr().err
