@@ -38,7 +38,7 @@ import numpy as np
 
 from mmpack_udfs.families.base import IdleMedia, LayoutElement, MediaPlan, MediaTokens
 from mmpack_udfs.families.qwen2_audio import audio_tokens, clip_plan
-from mmpack_udfs.families.qwen_vl import Qwen25VL
+from mmpack_udfs.families.qwen_vl import Qwen25VL, block_grid, span_positions
 
 
 class Qwen25Omni(Qwen25VL):
@@ -57,9 +57,8 @@ class Qwen25Omni(Qwen25VL):
 
     def plan_video(self, frames: int, fps: float, width: int, height: int) -> MediaPlan:
         """Qwen2-VL's frames and grid; a temporal patch lasts temporal patch / the sampling rate."""
-        plan = super().plan_video(frames, fps, width, height)
         seconds = self.temporal_patch_size / float(self.settings["video"]["fps"])
-        return MediaPlan(plan.kind, plan.grid, plan.num_tokens, plan.resized, plan.frame_indices, seconds)
+        return dataclasses.replace(super().plan_video(frames, fps, width, height), second_per_grid_t=seconds)
 
     def plan_audio(self, samples: int) -> MediaPlan:
         """A clip of ``samples`` 16 kHz samples: grid (feature frames, 1, 1)."""
@@ -93,7 +92,7 @@ class Qwen25Omni(Qwen25VL):
             return super().media_layout(plan)
         video, audio = self.media_tokens["video"], self.media_tokens["audio"]
         chunks: list[LayoutElement] = []
-        video_runs, audio_runs = self._chunks(plan, processor=True)
+        video_runs, audio_runs = self._chunks(plan.grid, plan.second_per_grid_t, plan.audio.num_tokens, True)
         for j in range(max(len(video_runs), len(audio_runs))):
             if j < len(video_runs):
                 chunks.append(("pad", video_runs[j]))
@@ -104,14 +103,18 @@ class Qwen25Omni(Qwen25VL):
             ("token", audio.after[0]), ("token", video.after[0]),
         ]  # fmt: skip
 
-    def _chunks(self, plan: MediaPlan, processor: bool) -> tuple[list[int], list[int]]:
-        """Token counts of a video's and its track's 2 s chunks: by the processor's time indices
-        (float64) or the model's (``get_rope_index``: float32, truncated)."""
+    def _chunks(
+        self, grid: tuple[int, int, int], seconds: float, sound_tokens: int, processor: bool
+    ) -> tuple[list[int], list[int]]:
+        """Token counts of the 2 s chunks of a video of ``grid`` (patches) and of its track's
+        ``sound_tokens``: by the processor's time indices (float64) or the model's
+        (``get_rope_index``: float32, truncated)."""
         per_chunk = int(self.settings["position_id_per_seconds"] * self.settings["seconds_per_chunk"])
-        per_patch = plan.grid[1] * plan.grid[2] // self.merge_size**2
-        times = self._times(plan.grid[0], plan.second_per_grid_t, exact=processor)
-        video = chunk_lengths(np.repeat(times, per_patch), per_chunk)
-        return video, chunk_lengths(np.arange(plan.audio.num_tokens), per_chunk)
+        per_patch = grid[1] * grid[2] // self.merge_size**2
+        times = self._times(grid[0], seconds, exact=processor)
+        return chunk_lengths(np.repeat(times, per_patch), per_chunk), chunk_lengths(
+            np.arange(sound_tokens), per_chunk
+        )
 
     def _times(self, t: int, seconds: float, exact: bool) -> np.ndarray:
         """Each temporal patch's time index: ``i · seconds · position_id_per_seconds``, in float64
@@ -133,13 +136,13 @@ class Qwen25Omni(Qwen25VL):
                 spans.append(self._video_with_track(item, rows[index + 1]))
             else:
                 spans.append(self._block(item))
-        return tmrope_positions(length, spans)
+        return span_positions(length, spans)
 
     def _block(self, item: Mapping[str, Any]) -> tuple[int, np.ndarray, int]:
         """An image's or video's block: (offset, positions from 0, advance: largest + 1)."""
         h, w = item["grid_h"] // self.merge_size, item["grid_w"] // self.merge_size
         seconds = item["second_per_grid_t"] if item["kind"] == "video" else 1.0
-        grid = _grid(self._times(item["grid_t"], seconds, exact=False), h, w)
+        grid = block_grid(self._times(item["grid_t"], seconds, exact=False), h, w)
         return item["token_offset"], grid, int(grid.max()) + 1
 
     def _video_with_track(
@@ -149,14 +152,11 @@ class Qwen25Omni(Qwen25VL):
         position; the video's block and the track's run both start after it and are taken in the
         model's 2 s chunks (video chunk j, then audio chunk j); the two eos tokens share the last
         chunk's largest position + 1 (``get_rope_index`` with ``use_audio_in_video``)."""
-        sound = MediaPlan("audio", (track["grid_t"], 1, 1), audio_tokens(track["grid_t"]), (0, 0))
+        sound = audio_tokens(track["grid_t"])
         grid_thw = (video["grid_t"], video["grid_h"], video["grid_w"])
-        plan = MediaPlan(
-            "video", grid_thw, 0, (0, 0), second_per_grid_t=video["second_per_grid_t"], audio=sound
-        )
         _, grid, _ = self._block(video)
-        heard = np.broadcast_to(np.arange(sound.num_tokens), (3, sound.num_tokens))
-        video_runs, audio_runs = self._chunks(plan, processor=False)
+        heard = np.broadcast_to(np.arange(sound), (3, sound))
+        video_runs, audio_runs = self._chunks(grid_thw, video["second_per_grid_t"], sound, False)
         parts, v, a = [np.zeros((3, 2), np.int64)], 0, 0
         for j in range(max(len(video_runs), len(audio_runs))):
             if j < len(video_runs):
@@ -171,7 +171,7 @@ class Qwen25Omni(Qwen25VL):
 
     @classmethod
     def idle_media(cls, config: Any) -> list[IdleMedia]:
-        """Qwen-VL's idle image and video, and one silent clip of two feature frames (1 token)."""
+        """Qwen-VL's idle image and video, and one silent clip of the fewest frames that give a token (3)."""
         vision = super().idle_media(config)
         mel = int(config.audio_config.num_mel_bins)
         frames = next(n for n in range(1, 100) if audio_tokens(n) == 1)
@@ -193,24 +193,3 @@ def chunk_lengths(indices: np.ndarray, per_chunk: int) -> list[int]:
             current += 1
     cuts.append(len(indices))
     return [b - a for a, b in itertools.pairwise(cuts)]
-
-
-def _grid(times: np.ndarray, h: int, w: int) -> np.ndarray:
-    """[3, t·h·w]: (time, row, column) of a block's tokens, from 0."""
-    return np.stack(np.meshgrid(times, np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
-
-
-def tmrope_positions(length: int, spans: Sequence[tuple[int, np.ndarray, int]]) -> np.ndarray:
-    """[3, length] TMRoPE positions of one sample (Qwen-Omni's ``get_rope_index``): text (and
-    audio clips) advance all three rows by one per token; a span (offset, positions from 0,
-    advance) starting at position p takes p + its positions, and the next token p + advance."""
-    rows, cursor, position = [], 0, 0
-    for offset, relative, advance in sorted(spans, key=lambda s: s[0]):
-        text = np.arange(offset - cursor) + position
-        rows.append(np.broadcast_to(text, (3, len(text))))
-        position += offset - cursor
-        rows.append(relative + position)
-        position += advance
-        cursor = offset + relative.shape[1]
-    rows.append(np.broadcast_to(np.arange(length - cursor) + position, (3, length - cursor)))
-    return np.concatenate(rows, axis=1).astype(np.int64)

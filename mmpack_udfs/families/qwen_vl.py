@@ -224,17 +224,31 @@ def mrope_positions(length: int, blocks: Sequence[tuple[int, int, int, int, floa
     """[3, length] rotary positions of one sample: text advances all three rows by one per
     token; a block (offset, t, h, w, interval) starting at position p takes
     (p + int(i · interval), p + row, p + column) and the next text token p + max(h, w)."""
-    rows, cursor, position = [], 0, 0
-    for offset, t, h, w, interval in sorted(blocks, key=lambda b: b[0]):
-        text = np.arange(offset - cursor) + position
-        rows.append(np.broadcast_to(text, (3, len(text))))
-        position += offset - cursor
+    spans = []
+    for offset, t, h, w, interval in blocks:
         times = np.arange(t)
         if interval != 1.0:  # float32, truncated: (torch.arange(t) * interval).long()
             times = (times.astype(np.float32) * np.float32(interval)).astype(np.int64)
-        grid = np.stack(np.meshgrid(times, np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
-        rows.append(grid + position)
-        position += max(h, w)
-        cursor = offset + t * h * w
+        spans.append((offset, block_grid(times, h, w), max(h, w)))
+    return span_positions(length, spans)
+
+
+def block_grid(times: np.ndarray, h: int, w: int) -> np.ndarray:
+    """[3, t·h·w]: (time, row, column) of a vision block's tokens, from 0."""
+    return np.stack(np.meshgrid(times, np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
+
+
+def span_positions(length: int, spans: Sequence[tuple[int, np.ndarray, int]]) -> np.ndarray:
+    """[3, length] positions of one sample: text advances all three rows by one per token; a span
+    (token offset, its positions from 0 [3, n], advance) starting at position p takes p + its
+    positions, and the next token p + advance (the model's rule for what follows a block)."""
+    rows, cursor, position = [], 0, 0
+    for offset, relative, advance in sorted(spans, key=lambda s: s[0]):
+        text = np.arange(offset - cursor) + position
+        rows.append(np.broadcast_to(text, (3, len(text))))
+        position += offset - cursor
+        rows.append(relative + position)
+        position += advance
+        cursor = offset + relative.shape[1]
     rows.append(np.broadcast_to(np.arange(length - cursor) + position, (3, length - cursor)))
     return np.concatenate(rows, axis=1).astype(np.int64)

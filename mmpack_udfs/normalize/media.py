@@ -330,28 +330,19 @@ def _probe_video_file(uri: str, path: str, size: int, settings: ProbeSettings) -
         capture.release()
     if frames <= 0 or fps <= 0 or width <= 0 or height <= 0:
         raise Rejected(Reason.VIDEO_NO_FRAMES, f"{uri}: {frames} frames at {fps} fps, {width}x{height}")
-    samples = _video_track(uri, path, settings) if settings.video_audio else None
+    samples = _video_track(uri, path, size, settings) if settings.video_audio else None
     return MediaInfo("video", uri, size, width, height, frames, fps, frames / fps, audio_samples=samples)
 
 
-def _video_track(uri: str, path: str, settings: ProbeSettings) -> int:
-    """The samples of a video's audio track at 16 kHz, decoded whole as a clip is; a video
-    without one (or with one that cannot be used) is refused with its audio reason: the model's
-    positions count every video as one with sound (``tokenize.use_audio_in_video``)."""
+def _video_track(uri: str, path: str, size: int, settings: ProbeSettings) -> int:
+    """The samples of a video's audio track at 16 kHz, probed as a clip is; a video without one
+    (or with one that cannot be used) is refused with its audio reason: the model's positions
+    count every video as one with sound (``tokenize.use_audio_in_video``)."""
     try:
-        info = audio.probe(path)
-    except audio.AudioProblem as problem:
-        raise Rejected(
-            AUDIO_REASONS[problem.kind],
-            f"{uri}: {problem} (tokenize.use_audio_in_video takes each video's sound)",
-        ) from None
-    if info.duration > settings.max_audio_seconds:
-        raise Rejected(
-            Reason.AUDIO_TOO_LONG,
-            f"{uri}: its audio track lasts {info.duration:.1f} s > normalize.max_audio_seconds = "
-            f"{settings.max_audio_seconds:g}",
-        )
-    return info.samples_16k
+        return _probe_audio(uri, path, size, settings)[0].frames
+    except Rejected as rejected:
+        note = f"{rejected.detail} (tokenize.use_audio_in_video takes each video's sound)"
+        raise Rejected(rejected.reason, note) from None
 
 
 AUDIO_SUFFIXES = {
