@@ -36,7 +36,9 @@ def token_losses(model: torch.nn.Module, batch: PackedBatch) -> tuple[torch.Tens
     inputs = dict(attention.with_model_masks(batch, model))
     labels = inputs.pop("labels")[0]
     keep = torch.nonzero(labels[1:] != IGNORE).flatten()  # position t predicts token t + 1
-    logits = model(**inputs, logits_to_keep=keep).logits[0]
+    # squeeze, not [0]: the backward of an index allocates and zero-fills the whole [1, kept,
+    # vocab] gradient and copies into it; a squeeze's is a view
+    logits = model(**inputs, logits_to_keep=keep).logits.squeeze(0)
     if logits.shape[0] != keep.numel():  # a model that takes no logits_to_keep (Qwen2-Audio): all positions
         logits = logits[keep]
     return F.cross_entropy(logits.float(), labels[keep + 1], reduction="none"), keep + 1
