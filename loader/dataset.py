@@ -313,12 +313,13 @@ class _MediaColumn:
     def row(self, row: int) -> list[dict[str, Any]]:
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
         items = self.meta.slice(start, end - start).to_pylist()
-        if self.data is not None:
-            offsets, values, valid = self.data
-            for index, item in enumerate(items, start):
-                view = values[offsets[index] : offsets[index + 1]]
-                item["data"] = None if not valid[index] else view if self.views else view.tobytes()
-        return items
+        if self.data is None:  # read without the media bytes
+            return items
+        offsets, values, valid = self.data
+        for index, item in enumerate(items, start):
+            view = values[offsets[index] : offsets[index + 1]]
+            item["data"] = None if not valid[index] else view if self.views else view.tobytes()
+        return schemas.shared_media_data(items)
 
 
 class Bins:

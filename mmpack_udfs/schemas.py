@@ -138,7 +138,10 @@ TOKENIZE_QUARANTINE = pa.schema(
 
 # Packed shards: one row per bin (docs/FORMAT.md describes every field).
 SHARD_FORMAT = "mmpack-packed"
-SHARD_FORMAT_VERSION = 1
+SHARD_FORMAT_VERSION = 2
+# version 2: an embedded item whose file an earlier item of its bin embeds holds no copy of it
+# (``shared_media_data``); version 1's shards read the same way
+READABLE_SHARD_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 
 SHARD_MEDIA = pa.struct(
@@ -158,7 +161,9 @@ SHARD_MEDIA = pa.struct(
         ("frame_indices", pa.list_(pa.int32())),
         ("second_per_grid_t", pa.float32()),
         ("group_starts", pa.list_(pa.int32())),  # from token_offset; null for one pad run
-        ("data", pa.binary()),  # the file's bytes; null when the shard references media only
+        # the file's bytes; null when the shard references media only, or (version 2) when an
+        # earlier item of the bin embeds the same file (shared_media_data)
+        ("data", pa.binary()),
     ]
 )
 
@@ -188,6 +193,21 @@ SHARD = pa.schema(
         pa.field("media", pa.list_(SHARD_MEDIA), nullable=False),
     ]
 )
+
+
+def shared_media_data(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One bin's media items (``SHARD_MEDIA`` as dicts) with every item's bytes: an item whose
+    file an earlier item of the bin embeds (a video and its own audio track, a preference pair's
+    two sides) is written without a copy, and takes that item's bytes here (in place). An item
+    with no embedded copy keeps null: the pack references it by ``uri``."""
+    embedded: dict[str, Any] = {}
+    for item in items:
+        if item["data"] is not None:
+            embedded.setdefault(item["uri"], item["data"])
+        elif item["uri"] in embedded:
+            item["data"] = embedded[item["uri"]]
+    return items
+
 
 # in the order they were added
 ADDED_SHARD_COLUMNS = ("sample_datasets", "sample_pair_sides", "sample_weights")
@@ -278,10 +298,10 @@ def load_manifest(uri: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
         raise ManifestError(f"{uri} is not valid JSON: {err}") from err
     if manifest.get("format") != SHARD_FORMAT:
         raise ManifestError(f"{uri} is not an mmpack manifest (format {manifest.get('format')!r})")
-    if manifest.get("format_version") != SHARD_FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_SHARD_VERSIONS:
         raise ManifestError(
             f"{uri} has format version {manifest.get('format_version')}; this version of mmpack "
-            f"reads version {SHARD_FORMAT_VERSION}"
+            f"reads versions {', '.join(map(str, READABLE_SHARD_VERSIONS))}"
         )
     return manifest
 

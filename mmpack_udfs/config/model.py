@@ -432,7 +432,9 @@ class PackConfig(Section):
         "at their grid (qwen2_vl; the loader only copies them out; larger shards)",
     )
     embed_media: Flag = Field(
-        True, description="store every media file's bytes in the shard; `false`: URIs only"
+        True,
+        description="store every media file's bytes in the shard, once per bin (a video and its own "
+        "audio track, a preference pair's two sides share one copy); `false`: URIs only",
     )
     seed: NonNegativeInt = Field(
         0,

@@ -226,7 +226,7 @@ def bin_members(
     the media bytes, with where the bin came from), the token arrays as int32 .npy, and each
     media item's bytes (read from its uri where the pack only references it)."""
     record = {name: table[name][row].as_py() for name in table.column_names if name not in (*ARRAYS, "media")}
-    media = table["media"][row].as_py()
+    media = schemas.shared_media_data(table["media"][row].as_py())
     record["media"] = [{k: v for k, v in m.items() if k != "data"} for m in media]
     record["mmpack"] = dict(location)
     yield "json", json.dumps(record, sort_keys=True).encode()

@@ -67,9 +67,12 @@ def build_bins(
     *,
     group: int,
     read_media: Callable[[dict], bytes] | None,
+    share_files: bool = False,
 ) -> pa.RecordBatch:
     """Shard rows for bins [first_bin, end_bin) of ``lay`` (bins are never empty);
-    ``read_media`` gives the bytes to embed of one media item (its TOKENIZED_MEDIA fields)."""
+    ``read_media`` gives the bytes to embed of one media item (its TOKENIZED_MEDIA fields), the
+    file's own where ``share_files``: then a bin embeds each file once
+    (``schemas.shared_media_data``)."""
     lo, hi = lay.bin_starts[first_bin], lay.bin_starts[end_bin]
     taken = group_rows.take(pa.array(lay.rows[lo:hi])).combine_chunks()
     row_offsets = (lay.bin_starts[first_bin : end_bin + 1] - lo).astype(np.int64)
@@ -113,7 +116,9 @@ def build_bins(
         "supervised_tokens": pa.array(per_bin(column("supervised_tokens")).astype(np.int32)),
         "sum_sq_lengths": pa.array(per_bin(lengths * lengths)),
         "vision_patches": pa.array((image + video) * VISION_PATCHES_PER_TOKEN),
-        "media": _bin_media(taken.column("media").chunk(0), row_offsets, start_in_bin, read_media),
+        "media": _bin_media(
+            taken.column("media").chunk(0), row_offsets, start_in_bin, read_media, share_files
+        ),
     }
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=schemas.SHARD)
 
@@ -142,22 +147,23 @@ def _bin_media(
     row_offsets: np.ndarray,
     start_in_bin: np.ndarray,
     read_media: Callable[[dict], bytes] | None,
+    share_files: bool,
 ) -> pa.ListArray:
-    """Each row's media moved into its bin: offsets shifted to the bin, sample index added."""
+    """Each row's media moved into its bin: offsets shifted to the bin, sample index added, the
+    bytes to embed (``_embedded``)."""
     counts = list_lengths(media)
     items = media.flatten()
     row_of_item = owner_of_elements(counts)
     bin_of_row = owner_of_elements(np.diff(row_offsets))
     sample_index = row_of_item - row_offsets[bin_of_row[row_of_item]]
     token_offset = items.field("token_offset").to_numpy(zero_copy_only=False) + start_in_bin[row_of_item]
-    data = pa.array(
-        [read_media(i) for i in items.to_pylist()] if read_media else [None] * len(items), pa.binary()
-    )
+    bin_of_item = bin_of_row[row_of_item]
+    data = _embedded(items.to_pylist(), bin_of_item, read_media, share_files) if read_media else None
     fields = dict(zip(schemas.TOKENIZED_MEDIA.names, items.flatten(), strict=True))
     fields.update(
         sample_index=pa.array(sample_index.astype(np.int32)),
         token_offset=pa.array(token_offset.astype(np.int32)),
-        data=data,
+        data=data if data is not None else pa.nulls(len(items), pa.binary()),
     )
     structs = pa.StructArray.from_arrays(
         [fields[f.name].cast(f.type) for f in schemas.SHARD_MEDIA], fields=list(schemas.SHARD_MEDIA)
@@ -165,6 +171,20 @@ def _bin_media(
     item_counts = np.add.reduceat(counts, row_offsets[:-1]) if len(counts) else np.zeros(0, np.int64)
     offsets = np.concatenate([[0], np.cumsum(item_counts)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), structs)
+
+
+def _embedded(
+    items: list[dict], bin_of_item: np.ndarray, read_media: Callable[[dict], bytes], share_files: bool
+) -> pa.Array:
+    """Each item's bytes to embed; with ``share_files``, null for an item whose file an earlier
+    item of its bin embeds (``schemas.shared_media_data`` gives it back)."""
+    seen: set[tuple[int, str]] = set()
+    data = []
+    for item, bin_ in zip(items, bin_of_item.tolist(), strict=True):
+        key = (bin_, item["uri"])
+        data.append(None if share_files and key in seen else read_media(item))
+        seen.add(key)
+    return pa.array(data, pa.binary())
 
 
 def list_lengths(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

@@ -426,7 +426,9 @@ def write_placed_shard(
             for first in range(int(bin_rows.min()), lay.num_bins, per_group):
                 end = min(first + per_group, lay.num_bins)
                 read_media = _media_reader(storage, prepared) if settings.embed_media else None
-                batch = shards.build_bins(rows, lay, first, end, group=0, read_media=read_media)
+                batch = shards.build_bins(
+                    rows, lay, first, end, group=0, read_media=read_media, share_files=not prepared
+                )
                 cost_rows.append(
                     costs.shard_rows(pa.Table.from_batches([batch]), name, settings.profile, first)
                 )

@@ -13,6 +13,7 @@ import functools
 import json
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -291,6 +292,13 @@ def test_audio_in_video_is_the_processors_and_the_thinkers(audio_in_video):
                 np.testing.assert_allclose(got, clip[:, :count], atol=1e-6)
                 row, checked = row + 1, checked + 1
     assert checked == 5  # two tracks of short.mp4, long.mp4's, two clips
+    manifest = json.loads((out / "packed" / "manifest.json").read_text())
+    media = pq.read_table(out / "packed" / manifest["shards"][0]["path"], columns=["media"])
+    for items in media.column("media").to_pylist():  # a video's file once, not again for its track
+        tracks = [m for m in items if m["kind"] == "audio" and m["uri"].endswith(".mp4")]
+        assert tracks and all(m["data"] is None for m in tracks)
+        embedded = [m["uri"] for m in items if m["data"] is not None]
+        assert sorted(embedded) == sorted({m["uri"] for m in items})
 
 
 def test_audio_in_video_packed_equals_each_sample_alone(audio_in_video):

@@ -75,7 +75,7 @@ def decode(batch: pa.RecordBatch) -> dict[str, dict]:
         assert row["sum_sq_lengths"] == sum((b - a) ** 2 for a, b in itertools.pairwise(cu))
         for i, sid in enumerate(row["sample_ids"]):
             media = []
-            for m in row["media"]:
+            for m in schemas.shared_media_data(row["media"]):
                 if m["sample_index"] == i:
                     m = dict(m)
                     m["token_offset"] -= cu[i]
@@ -116,6 +116,44 @@ def test_bins_decode_back_to_exactly_the_rows(bins_per_shard):
         for g, w in zip(got["media"], want["media"], strict=True):
             assert g["data"] == w["uri"].encode()
             assert {k: g[k] for k in w} == w
+
+
+@pytest.mark.parametrize("share_files", [True, False])
+def test_a_bin_embeds_each_file_once_and_every_item_reads_its_bytes(share_files):
+    """Samples whose items name the same few files (a video and its own audio track, a pair's two
+    sides): with ``share_files`` a bin holds each file's bytes once, and ``shared_media_data``
+    gives every item its file's; without (prepared patches, which differ per item) each item holds
+    its own."""
+    rows = tokenized_rows(80, seed=4).to_pylist()
+    for i, row in enumerate(rows):
+        for k, item in enumerate(row["media"]):
+            item["uri"] = f"/media/shared-{(i + k) % 3}"
+    schema = pa.schema([schemas.TOKENIZED.field(c) for c in shards.TOKENIZED_COLUMNS])
+    table = pa.Table.from_pylist(rows, schema=schema)
+    lengths = table.column("num_tokens").to_numpy().astype(np.int64)
+    packing = first_fit_decreasing(lengths, 1500)
+    lay = shards.layout(packing.bin_of, lengths, np.arange(packing.num_bins))
+    read = lambda item: item["uri"].encode() * 1000  # noqa: E731
+    batch = shards.build_bins(table, lay, 0, lay.num_bins, group=0, read_media=read, share_files=share_files)
+    stored = 0
+    for row in batch.to_pylist():
+        embedded = [m["uri"] for m in row["media"] if m["data"] is not None]
+        assert len(set(embedded)) == len({m["uri"] for m in row["media"]})  # every file at least once
+        if share_files:
+            assert len(embedded) == len(set(embedded))  # and only once
+        else:
+            assert len(embedded) == len(row["media"])
+        stored += len(embedded)
+    items = sum(len(r["media"]) for r in rows)
+    assert stored < items if share_files else stored == items
+    for got in decode(batch).values():
+        assert all(m["data"] == m["uri"].encode() * 1000 for m in got["media"])
+    from loader.dataset import _MediaColumn  # the loader reads the bins the same way
+
+    for views in (False, True):
+        column = _MediaColumn(batch.column("media"), views=views)
+        for row in range(batch.num_rows):
+            assert all(bytes(m["data"]) == m["uri"].encode() * 1000 for m in column.row(row))
 
 
 def test_bins_follow_the_given_order_and_keep_per_bin_figures():
