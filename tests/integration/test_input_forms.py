@@ -18,7 +18,7 @@ from PIL import Image
 
 from mmpack_udfs.io import tables
 from mmpack_udfs.resolve import load_run
-from mmpack_udfs.schemas import table_uri
+from mmpack_udfs.schemas import shared_media_data, table_uri
 
 pytestmark = pytest.mark.spark
 
@@ -114,7 +114,7 @@ def test_images_inside_parquet_are_probed_like_files_and_embedded_in_the_shards(
     embedded = set()
     for shard in (out / "packed" / "shards").rglob("s*.parquet"):
         for row in pq.read_table(shard, columns=["media"]).column("media").to_pylist():
-            embedded |= {m["data"] for m in row}
+            embedded |= {m["data"] for m in shared_media_data(row)}
     assert embedded == set(GOOD)  # shards carry the bytes that were inside the Parquet files
 
 
