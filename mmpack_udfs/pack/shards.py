@@ -157,13 +157,12 @@ def _bin_media(
     bin_of_row = owner_of_elements(np.diff(row_offsets))
     sample_index = row_of_item - row_offsets[bin_of_row[row_of_item]]
     token_offset = items.field("token_offset").to_numpy(zero_copy_only=False) + start_in_bin[row_of_item]
-    bin_of_item = bin_of_row[row_of_item]
-    data = _embedded(items.to_pylist(), bin_of_item, read_media, share_files) if read_media else None
+    data = _embedded(items, bin_of_row[row_of_item], read_media, share_files)
     fields = dict(zip(schemas.TOKENIZED_MEDIA.names, items.flatten(), strict=True))
     fields.update(
         sample_index=pa.array(sample_index.astype(np.int32)),
         token_offset=pa.array(token_offset.astype(np.int32)),
-        data=data if data is not None else pa.nulls(len(items), pa.binary()),
+        data=data,
     )
     structs = pa.StructArray.from_arrays(
         [fields[f.name].cast(f.type) for f in schemas.SHARD_MEDIA], fields=list(schemas.SHARD_MEDIA)
@@ -174,13 +173,19 @@ def _bin_media(
 
 
 def _embedded(
-    items: list[dict], bin_of_item: np.ndarray, read_media: Callable[[dict], bytes], share_files: bool
+    items: pa.StructArray,
+    bin_of_item: np.ndarray,
+    read_media: Callable[[dict], bytes] | None,
+    share_files: bool,
 ) -> pa.Array:
-    """Each item's bytes to embed; with ``share_files``, null for an item whose file an earlier
-    item of its bin embeds (``schemas.shared_media_data`` gives it back)."""
+    """Each item's bytes to embed (all null without ``read_media``: the shard references media);
+    with ``share_files``, null for an item whose file an earlier item of its bin embeds
+    (``schemas.shared_media_data`` gives it back)."""
+    if read_media is None:
+        return pa.nulls(len(items), pa.binary())
     seen: set[tuple[int, str]] = set()
     data = []
-    for item, bin_ in zip(items, bin_of_item.tolist(), strict=True):
+    for item, bin_ in zip(items.to_pylist(), bin_of_item.tolist(), strict=True):
         key = (bin_, item["uri"])
         data.append(None if share_files and key in seen else read_media(item))
         seen.add(key)
