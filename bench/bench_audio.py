@@ -12,7 +12,9 @@ Paths, each over the clip's bytes in memory:
   16 kHz mono samples tokenize plans from;
 - **decode** (the loader): ``loader.audio.decode``, the 16 kHz mono float32 waveform;
 - **decode + features** (the loader, Qwen2-Audio): ``decode`` then ``whisper_features``
-  (transformers' WhisperFeatureExtractor, 128 mel bins, padded to 30 s).
+  (transformers' WhisperFeatureExtractor, 128 mel bins, padded to 30 s);
+- **decode + clip features** (the loader, Qwen3-Omni): ``decode`` then the features of the clip
+  alone, unpadded (``whisper_features(..., "clip")``).
 
 Each pass runs every path on every clip in turn for ``--min-pass`` seconds; a figure is the
 fastest call of ``--passes`` passes (this machine's other processes slow calls, never speed one
@@ -41,9 +43,10 @@ import transformers
 from common import OUT, machine, parse_with_smoke
 
 from loader import audio
-from mmpack_udfs.config.model import WhisperFeatures
+from mmpack_udfs.config.model import Qwen3OmniProfile, WhisperFeatures
 
 FEATURES = WhisperFeatures().model_dump()
+CLIP_FEATURES = Qwen3OmniProfile().audio.model_dump()
 LAYOUTS = {1: "mono", 2: "stereo"}
 SOURCES = ((16_000, 1), (22_050, 1), (44_100, 2))  # (rate, channels) of the clips written
 # name: (container, encoder, sources it encodes); libopus takes 8/12/16/24/48 kHz only
@@ -97,11 +100,16 @@ def features(data: bytes) -> np.ndarray:
     return audio.whisper_features(audio.decode(data), FEATURES)[0]
 
 
+def clip_features(data: bytes) -> np.ndarray:
+    return audio.whisper_features(audio.decode(data), CLIP_FEATURES, "clip")[0]
+
+
 PATHS: dict[str, Callable[[bytes], object]] = {
     "decoder alone": decoder_alone,
     "probe": audio.probe,
     "decode": audio.decode,
     "decode + features": features,
+    "decode + clip features": clip_features,
 }
 
 

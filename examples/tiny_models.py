@@ -346,6 +346,33 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_start_token_id": 151652,
         "vision_end_token_id": 151653,
     },
+    # the Qwen3-Omni thinker: Qwen3-VL's vision tower (patch 16, deepstack), a Qwen3-MoE language
+    # model (interleaved mRoPE), the chunked audio encoder (13 tokens per 100 frames); the ids and
+    # position_id_per_seconds of the published thinker config
+    "qwen3_omni_moe_thinker": {
+        "text_config": {
+            **TEXT,
+            **MOE,
+            "decoder_sparse_step": 1,
+            "vocab_size": 152064,
+            **_rope([2, 1, 1], mrope_interleaved=True),
+        },
+        "vision_config": {
+            **VISION,
+            "patch_size": 16,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+        },
+        "audio_config": {**AUDIO_ENCODER, "n_window": 50, "output_dim": 32, "downsample_hidden_size": 8},
+        "audio_token_id": 151675,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "audio_start_token_id": 151669,
+        "audio_end_token_id": 151670,
+        "position_id_per_seconds": 13,
+    },
 }
 
 

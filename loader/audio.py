@@ -205,30 +205,37 @@ def _extractor(feature_size: int, hop_length: int, n_fft: int, n_samples: int, p
 
 
 def whisper_features(
-    waveform: np.ndarray, settings: Mapping[str, Any], whole_chunk: bool = True
+    waveform: np.ndarray, settings: Mapping[str, Any], padding: str = "chunk", pad_to: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """One clip's log-mel features [feature_size, frames] and their mask [frames], as the
-    processor computes them for the clip alone: padded with zeros (or cut) to ``n_samples``
-    (``settings``: the profile's ``audio`` section). With ``whole_chunk`` off, only the clip's own
-    ``ceil(samples / hop_length)`` frames, all kept: the same values, computed from just enough of
-    the zero padding for the last frame's window (Qwen2.5-Omni's encoder reads no frame past a
-    clip's mask, and a 300 s chunk per clip would be 15 MB of features)."""
+    processor computes them for the clip alone (``settings``: the profile's ``audio`` section),
+    by ``padding`` (``Family.audio_features``):
+
+    - ``chunk``: padded with zeros (or cut) to ``n_samples`` (Qwen2-Audio);
+    - ``frames``: only the clip's own ``ceil(samples / hop_length)`` frames of that chunk, all kept:
+      the same values, computed from just enough of the zero padding for the last frame's window
+      (Qwen2.5-Omni's encoder reads no frame past a clip's mask, and a 300 s chunk per clip would be
+      15 MB of features);
+    - ``clip``: the clip zero-padded to ``pad_to`` samples (its sample's longest clip; itself by
+      default), uncut, as Qwen3-Omni's processor pads a call's clips to its longest only: the
+      padded waveform's features, the STFT reflecting at its end, of which the frames its mask
+      keeps, ``min(ceil(samples / hop_length), pad_to // hop_length)``.
+    """
     keys = ("feature_size", "hop_length", "n_fft", "n_samples", "padding_value")
     extractor = _extractor(*(settings[k] for k in keys))
+    call = {"sampling_rate": SAMPLE_RATE, "return_attention_mask": True, "return_tensors": "np"}
     hop, n_samples = int(settings["hop_length"]), int(settings["n_samples"])
+    if padding == "clip":
+        padded = np.pad(waveform, (0, (pad_to or len(waveform)) - len(waveform)))
+        out = extractor(padded, padding="longest", truncation=False, **call)
+        kept = min(-(-len(waveform) // hop), len(padded) // hop)
+        return out["input_features"][0][:, :kept], np.ones(kept, out["attention_mask"].dtype)
     frames = math.ceil(len(waveform) / hop)
     # past the last frame's centre, a zero tail longer than half its window (n_fft ≤ 2 hops here)
-    length = n_samples if whole_chunk else min(n_samples, (frames + 2 + int(settings["n_fft"]) // hop) * hop)
-    out = extractor(
-        waveform,
-        sampling_rate=SAMPLE_RATE,
-        return_attention_mask=True,
-        padding="max_length",
-        max_length=length,
-        truncation=True,
-        return_tensors="np",
-    )
+    whole = padding == "chunk"
+    length = n_samples if whole else min(n_samples, (frames + 2 + int(settings["n_fft"]) // hop) * hop)
+    out = extractor(waveform, padding="max_length", max_length=length, truncation=True, **call)
     features, mask = out["input_features"][0], out["attention_mask"][0]
-    if not whole_chunk:
+    if not whole:
         return features[:, :frames], mask[:frames]
     return features, mask

@@ -465,8 +465,10 @@ def _qwen_pixels(media: list[dict], family: Family, storage: fs.Storage, pixels:
 
 
 def _mrope(family: Family, media: list[dict], cu: np.ndarray, positions: np.ndarray) -> torch.Tensor:
-    """[3, T]: text-only samples count 0, 1, 2, … on all three rows; samples with media
-    get their 3-D positions (the family's, computed per sample, as if it were alone)."""
+    """[3, T] (``Family.position_dtype``): text-only samples count 0, 1, 2, … on all three rows;
+    samples with media get their 3-D positions (the family's, computed per sample, as if it were
+    alone)."""
+    positions = positions.astype(family.position_dtype, copy=False)  # float32: Qwen3-Omni's
     if not media:
         return torch.from_numpy(positions).expand(3, -1)
     rows = np.tile(positions, (3, 1))
@@ -534,17 +536,25 @@ def _square_media(media: list[dict], family: Family, storage: fs.Storage, pixels
 
 def _audio_media(media: list[dict], family: Family, storage: fs.Storage, pixels: Pixels) -> dict[str, Any]:
     """Each clip's log-mel ``input_features`` [clips, mel bins, frames] and ``feature_attention_mask``
-    [clips, frames], computed from its FFmpeg waveform as the processor computes them for the clip
-    alone: padded to the feature extractor's chunk (Qwen2-Audio) or, where the encoder reads only a
-    clip's own frames (``Family.audio_padded_to_chunk`` off: Qwen2.5-Omni), those frames, the clips
-    zero-padded to the longest and masked. A clip whose frames differ from the shard's plan (decoded
-    by another FFmpeg than the pack's) raises MediaDecodeError."""
+    [clips, frames], computed from its FFmpeg waveform as the processor computes them for the
+    clip's sample alone (``Family.audio_features``): padded to the feature extractor's chunk
+    (Qwen2-Audio); the clip's own frames of that chunk, where the encoder reads only those
+    (Qwen2.5-Omni); the clip zero-padded to its sample's longest clip (Qwen3-Omni). The clips are
+    zero-padded to the longest and masked. A clip whose frames differ from the shard's plan
+    (decoded by another FFmpeg than the pack's) raises MediaDecodeError."""
     settings = family.settings["audio"]
-    features, masks = [], []
+    waveforms = []
     for item in media:
         data = _media_bytes(item, storage)
-        waveform = audio.decode(data if isinstance(data, bytes) else data.tobytes())
-        feature, mask = audio.whisper_features(waveform, settings, family.audio_padded_to_chunk)
+        waveforms.append(audio.decode(data if isinstance(data, bytes) else data.tobytes()))
+    longest: dict[int, int] = {}  # per sample: its clips are padded to its longest (Qwen3-Omni)
+    for item, waveform in zip(media, waveforms, strict=True):
+        longest[item["sample_index"]] = max(longest.get(item["sample_index"], 0), len(waveform))
+    features, masks = [], []
+    for item, waveform in zip(media, waveforms, strict=True):
+        feature, mask = audio.whisper_features(
+            waveform, settings, family.audio_features, longest[item["sample_index"]]
+        )
         frames = int(mask.sum())
         if frames != item["grid_t"]:
             raise vision.MediaDecodeError(

@@ -397,9 +397,9 @@ class TokenizeConfig(Section):
     use_audio_in_video: Flag = Field(
         False,
         description="a video brings its own audio track, interleaved with its frames in 2 s chunks "
-        "(Qwen2.5-Omni's `use_audio_in_video`, LLaMA-Factory's name): normalize counts each video's "
-        "track and quarantines a video without one (`audio_no_stream`); only for profiles of kind "
-        "`qwen2_5_omni`",
+        "(Qwen2.5-Omni's `use_audio_in_video`, LLaMA-Factory's name; Qwen3-Omni merges them by time): "
+        "normalize counts each video's track and quarantines a video without one (`audio_no_stream`); "
+        "only for profiles of kind `qwen2_5_omni` and `qwen3_omni`",
     )
 
 
@@ -506,6 +506,11 @@ class BalanceConfig(Section):
             "qwen2_audio": _seven_b_llm(4.0e9, 4.9e5),
             # Qwen2.5-Omni-7B: Qwen2.5-7B, Qwen2.5-VL's ViT (32 × 1280), its Whisper-style audio encoder
             "qwen2_5_omni": _seven_b_llm(4.0e9, 4.9e5),
+            # Qwen3-Omni-30B-A3B: a MoE of ~3.3 B active parameters, 48 layers of 32 × 128 attention
+            # width; Qwen3-VL's ViT (27 × 1152)
+            "qwen3_omni": CostModelConfig(
+                llm_token=2.0e10, llm_pair=1.2e6, vision_patch=2.4e9, vision_pair=3.7e5
+            ),
         },
         description="the cost model of each profile, by profile name",
     )
@@ -524,6 +529,7 @@ CHAT_MODES = (
     "qwen3",
     "qwen2_audio",
     "qwen3_thinking",
+    "qwen3_omni",
     "qwen3_5",
 )  # families/chat.py: CHAT_RENDERERS
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]  # OpenAI CLIP (Qwen2-VL, Qwen2.5-VL)
@@ -583,10 +589,8 @@ class ProfileSection(Section):
     chat: Annotated[str, _choice(*CHAT_MODES)] = Field(
         "chatml",
         description="how turns render (families/chat.py): `chatml`, `gemma3`, `glm4v`, `glm45v`, `glm41v`, "
-        "`internvl`, "
-        "`llava_onevision`, `qwen2_audio`, `qwen3`, `qwen3_thinking`, `qwen3_5`; with `tokenize.model`: the "
-        "one that "
-        "reproduces the directory's chat template",
+        "`internvl`, `llava_onevision`, `qwen2_audio`, `qwen3`, `qwen3_thinking`, `qwen3_omni`, `qwen3_5`; "
+        "with `tokenize.model`: the one that reproduces the directory's chat template",
     )
 
 
@@ -848,7 +852,7 @@ class WhisperFeatures(Section):
     n_samples: PositiveInt = Field(
         480000,
         description="16 kHz samples the feature extractor pads every clip to (Qwen2-Audio: 30 s, "
-        "Qwen2.5-Omni: 300 s); longer clips are refused",
+        "Qwen2.5-Omni: 300 s); longer clips are refused (Qwen3-Omni's processor pads and cuts none)",
     )
     padding_value: float = Field(0.0, description="the waveform's padding")
 
@@ -888,6 +892,35 @@ class Qwen25OmniProfile(ProfileSection):
     use_audio_in_video: Flag = Field(False, description="set from `tokenize.use_audio_in_video`")
     audio_token_id: PositiveInt = Field(
         151646, description="id of `<|AUDIO|>` (config.json audio_token_index)"
+    )
+
+
+class Qwen3OmniProfile(ProfileSection):
+    """The Qwen3-Omni thinker: Qwen2-VL's image and video processors at patch 16, audio clips
+    uncut, float time positions (13 a second)."""
+
+    kind: Literal["qwen3_omni"] = Field("qwen3_omni", description="which model family the profile describes")
+    default_system: str = Field("", description="system prompt of samples that have none (empty: none)")
+    chat: Annotated[str, _choice(*CHAT_MODES)] = Field("qwen3_omni", description="how turns render")
+    vision: QwenVision = QwenVision(patch_size=16)
+    image: Qwen2VLImage = Qwen2VLImage(max_pixels=12845056, mean=HALF, std=HALF)
+    video: Qwen2VLVideo = Qwen2VLVideo(
+        min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, mean=HALF, std=HALF
+    )  # the frame limits Qwen3OmniMoeProcessor passes its video processor on every call
+    audio: WhisperFeatures = WhisperFeatures(
+        n_samples=4800000
+    )  # the published preprocessor_config.json (its processor pads to a call's longest clip, cuts none)
+    position_id_per_seconds: Number = Field(
+        13, description="TMRoPE time positions per second of video (config.json position_id_per_seconds)"
+    )
+    audio_window: PositiveInt = Field(
+        50,
+        description="half the audio encoder's chunk of feature frames (config.json audio_config.n_window): "
+        "13 tokens per 2 · n_window frames",
+    )
+    use_audio_in_video: Flag = Field(False, description="set from `tokenize.use_audio_in_video`")
+    audio_token_id: PositiveInt = Field(
+        151675, description="id of `<|audio_pad|>` (config.json audio_token_id)"
     )
 
 
@@ -959,7 +992,8 @@ ProfileConfig = Annotated[
     | Gemma4Profile
     | GlmVProfile
     | Qwen2AudioProfile
-    | Qwen25OmniProfile,
+    | Qwen25OmniProfile
+    | Qwen3OmniProfile,
     Field(discriminator="kind"),
 ]
 WRITE_MODES = ("overwrite", "append")  # config key `mode`, the CLI's --mode
@@ -976,6 +1010,7 @@ PROFILE_KINDS = (
     "glm4v",
     "qwen2_audio",
     "qwen2_5_omni",
+    "qwen3_omni",
 )
 PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "qwen2_vl": Qwen2VLProfile,
@@ -990,6 +1025,7 @@ PROFILE_MODELS: dict[str, type[ProfileSection]] = {
     "glm4v": GlmVProfile,
     "qwen2_audio": Qwen2AudioProfile,
     "qwen2_5_omni": Qwen25OmniProfile,
+    "qwen3_omni": Qwen3OmniProfile,
 }
 MODEL_PROFILE = "model"  # the profile built from tokenize.model
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v")  # patch-based (prepared media, mRoPE)
@@ -1040,6 +1076,7 @@ class Config(Section):
             "glm4v": GlmVProfile(),
             "qwen2_audio": Qwen2AudioProfile(),
             "qwen2_5_omni": Qwen25OmniProfile(),
+            "qwen3_omni": Qwen3OmniProfile(),
         },
         description="how each model turns a conversation and its media into tokens, by profile name; "
         "add one under a new name",
@@ -1075,7 +1112,7 @@ class Config(Section):
             raise PydanticCustomError(
                 "mmpack_named",
                 "tokenize.use_audio_in_video: profile '{name}' ({kind}) takes no audio from videos "
-                "(Qwen2.5-Omni profiles do)",
+                "(Qwen2.5-Omni and Qwen3-Omni profiles do)",
                 {"name": self.tokenize.profile, "kind": self.profile.kind},
             )
         names = [d.name for d in self.datasets]

@@ -17,7 +17,7 @@ from mmpack_udfs.families.glm_v import GlmV
 from mmpack_udfs.families.internvl import InternVL, InternVLChat
 from mmpack_udfs.families.llava_onevision import LlavaOnevision
 from mmpack_udfs.families.qwen2_audio import Qwen2Audio
-from mmpack_udfs.families.qwen_omni import Qwen25Omni
+from mmpack_udfs.families.qwen_omni import Qwen3Omni, Qwen25Omni
 from mmpack_udfs.families.qwen_vl import Qwen2VL, Qwen3VL, Qwen25VL, Qwen35
 
 FAMILIES: dict[str, type[Family]] = {
@@ -33,6 +33,7 @@ FAMILIES: dict[str, type[Family]] = {
     "glm4v": GlmV,
     "qwen2_audio": Qwen2Audio,
     "qwen2_5_omni": Qwen25Omni,
+    "qwen3_omni": Qwen3Omni,
 }
 
 MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
@@ -53,6 +54,8 @@ MODEL_TYPES: dict[str, str] = {  # config.json model_type -> family kind
     "qwen2_audio": "qwen2_audio",
     "qwen2_5_omni": "qwen2_5_omni",
     "qwen2_5_omni_thinker": "qwen2_5_omni",
+    "qwen3_omni_moe": "qwen3_omni",
+    "qwen3_omni_moe_thinker": "qwen3_omni",
 }
 
 

@@ -135,9 +135,12 @@ class Family:
     # Qwen2-Audio's audio encoder over its 30 s of frames): it keeps SDPA under mmpack_varlen
     # (loader.attention.use_attention)
     padded_encoder_config: str | None = None
-    # whether its audio encoder takes every clip padded to the feature extractor's whole chunk
-    # (Qwen2-Audio: 30 s) or reads only each clip's own frames (Qwen2.5-Omni): what the loader hands over
-    audio_padded_to_chunk = True
+    # the log-mel features the loader hands over per clip (``loader.audio.whisper_features``):
+    # "chunk", padded to the feature extractor's whole chunk (Qwen2-Audio: 30 s); "frames", the
+    # clip's own frames of that padded chunk (Qwen2.5-Omni's encoder reads no more); "clip", the
+    # clip alone, unpadded (Qwen3-Omni's processor pads only to a call's longest clip)
+    audio_features = "chunk"
+    position_dtype: ClassVar[type] = np.int64  # of the mRoPE rows (Qwen3-Omni's are float32)
     # whether ``mmpack export rl`` counts its RL prompts exactly: the generation prompt its chat
     # template adds is the header of an assistant turn, checked against its processor
     # (tests/mmpack_udfs/export/test_rl.py); other families' exports are refused

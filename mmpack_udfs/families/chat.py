@@ -35,6 +35,9 @@ refused). The renderers:
   own); its template drops tool turns, so samples with one are refused (``template_refuses``).
 - ``qwen2_audio``: Qwen2-Audio. ChatML; the k-th clip of a conversation is written
   ``Audio k: `` + the clip + a newline (its template's audio part).
+- ``qwen3_omni``: Qwen3-Omni (its Thinking template, published 2025-09-22). As
+  ``qwen3_thinking``, but the last user query is the last user turn without media (the
+  template reads only a string content); with none, no turn keeps its reasoning.
 - ``qwen3_5``: Qwen3.5. Every content trimmed; every assistant turn after the last user query
   carries ``<think>\\n{reasoning}\\n</think>\\n\\n`` (empty reasoning included).
 
@@ -263,6 +266,25 @@ class Qwen3Thinking(Qwen3):
         return TurnLayout("assistant", "\n\n" + answer, [*thought, ("token", THINK_CLOSE)])
 
 
+class Qwen3OmniChat(Qwen3Thinking):
+    """Qwen3-Omni: as ``qwen3_thinking``, but its template finds the last query among user turns
+    written as a string only (``message.content is string``), so a turn with media never is one;
+    without such a turn, no assistant turn gets a think block."""
+
+    name = "qwen3_omni"
+
+    def last_query(self, turns: Sequence[Mapping[str, str]]) -> int:
+        for index in range(len(turns) - 1, -1, -1):
+            text = turns[index]["text"]
+            if (
+                turns[index]["role"] == "user"
+                and not MEDIA_PLACEHOLDER.search(text)
+                and not (text.startswith(TOOL_OPEN) and text.endswith(TOOL_CLOSE))
+            ):
+                return index
+        return len(turns) - 1  # the template's default: no turn comes after it
+
+
 class Qwen35(Qwen3Thinking):
     """Qwen3.5: contents trimmed; every assistant turn after the last query thinks."""
 
@@ -350,6 +372,6 @@ CHAT_RENDERERS: dict[str, ChatML] = {
     r.name: r
     for r in (
         ChatML(), Gemma3(), Gemma4(), Glm(), Glm45(), Glm41(), InternVL(), LlavaOnevision(), Qwen2Audio(),
-        Qwen3(), Qwen3Thinking(), Qwen35(),
+        Qwen3(), Qwen3Thinking(), Qwen3OmniChat(), Qwen35(),
     )
 }  # fmt: skip

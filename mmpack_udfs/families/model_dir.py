@@ -891,10 +891,57 @@ def _qwen_omni_profile(
     return profile
 
 
+QWEN3_OMNI_TOKENS = (  # the thinker config's key -> the tokenizer's token
+    ("audio_token_id", "<|audio_pad|>"),
+    ("image_token_id", "<|image_pad|>"),
+    ("video_token_id", "<|video_pad|>"),
+    ("audio_start_token_id", "<|audio_start|>"),
+    ("audio_end_token_id", "<|audio_end|>"),
+    ("vision_start_token_id", "<|vision_start|>"),
+    ("vision_end_token_id", "<|vision_end|>"),
+)
+# Qwen3OmniMoeProcessor (transformers 5.24): the frame pixel limits it passes its video processor on
+# every call, and the audio encoder window it counts a clip's tokens with (its n_window)
+QWEN3_OMNI_VIDEO_PIXELS = {"min_pixels": 128 * 32 * 32, "max_pixels": 768 * 32 * 32}
+QWEN3_OMNI_PROCESSOR_WINDOW = 50
+
+
+def _qwen3_omni_profile(
+    path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]
+) -> dict:
+    """Qwen3-Omni (a whole checkpoint, its ``thinker_config``, or a thinker's own config): images
+    and videos as Qwen2-VL's processors take them (a directory without
+    video_preprocessor_config.json gives its video processor preprocessor_config.json, as
+    transformers does: the image's mean and std), the frame limits the processor passes, the
+    Whisper features, the token ids, ``position_id_per_seconds`` (the thinker config's class
+    default 25 where config.json has none) and the audio encoder's window, which must be the one
+    the processor counts tokens with."""
+    thinker = config.get("thinker_config") or config
+    profile = _qwen_profile(path, source, kind, thinker, notes)
+    if _processor_file(path, "video_preprocessor_config.json", "video_processor") is None:
+        profile["video"].update(mean=profile["image"]["mean"], std=profile["image"]["std"])
+    profile["video"].update(QWEN3_OMNI_VIDEO_PIXELS)
+    audio_config = thinker.get("audio_config") or {}
+    profile["audio"] = _whisper_features(path, source, kind, audio_config, fixed=False)
+    window = audio_config.get("n_window", QWEN3_OMNI_PROCESSOR_WINDOW)
+    if window != QWEN3_OMNI_PROCESSOR_WINDOW:
+        raise ConfigError(
+            f"tokenize.model: {source}: audio_config.n_window {window}, but Qwen3OmniMoeProcessor counts "
+            f"a clip's tokens with {QWEN3_OMNI_PROCESSOR_WINDOW}; mmpack refuses a model and processor "
+            "that disagree"
+        )
+    ids = {token: _check_token_id(path, source, thinker, key, token) for key, token in QWEN3_OMNI_TOKENS}
+    profile["audio_token_id"] = ids["<|audio_pad|>"]
+    profile["position_id_per_seconds"] = thinker.get("position_id_per_seconds", 25)
+    profile["audio_window"] = window
+    return profile
+
+
 # the profile reader of each family whose directory is not read as Qwen-VL's (_qwen_profile)
 DIRECTORY_READERS = {
     "qwen2_audio": _qwen2_audio_profile,
     "qwen2_5_omni": _qwen_omni_profile,
+    "qwen3_omni": _qwen3_omni_profile,
     "internvl": _internvl_profile,
     "llava_onevision": _llava_onevision_profile,
     "gemma3": _gemma3_profile,

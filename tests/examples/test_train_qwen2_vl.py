@@ -168,8 +168,8 @@ def test_a_hybrid_model_without_its_kernels_is_refused_before_training(family_ru
 
 
 def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_run, tmp_path):
-    """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V, Qwen2-Audio
-    and Qwen2.5-Omni thinker: on each step one rank's micro-batch has media and the other's none
+    """FSDP2 on 2 ranks for a tiny InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V, Qwen2-Audio,
+    Qwen2.5-Omni and Qwen3-Omni thinker: on each step one rank's micro-batch has media and the other's none
     (then the other way round). The media-less rank adds its family's idle media, so both call the
     vision (audio) towers alike: the steps complete (a hang is a timeout) and every weight stays
     finite. The families' small-bin packs (those of the parity tests): the media bin is the
@@ -182,6 +182,7 @@ def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_r
         "glm4v": ("glm4v", PARITY_BUDGET),
         "qwen2_audio": ("qwen2_audio", PARITY_BUDGET),
         "qwen2_5_omni_thinker": ("qwen2_5_omni", PARITY_BUDGET),
+        "qwen3_omni_moe_thinker": ("qwen3_omni", PARITY_BUDGET),
     }
     args = [f"{t}={family_run(name, budget).output / 'packed'}" for t, (name, budget) in families.items()]
     stdout = torchrun(ROOT / "tests" / "examples" / "fsdp_idle_probe.py", 2, *args, log=tmp_path / "log")
@@ -193,6 +194,7 @@ def test_fsdp2_keeps_every_family_in_step_with_a_media_less_micro_batch(family_r
             "gemma4": ["image", "video"],
             "qwen2_audio": ["audio"],
             "qwen2_5_omni_thinker": ["image", "video", "audio"],
+            "qwen3_omni_moe_thinker": ["image", "video", "audio"],
         }.get(result["model_type"], ["image"])
         for rank in result["ranks"]:
             assert rank["finite"]

@@ -1,11 +1,13 @@
-"""Qwen2.5-Omni (``model_type: qwen2_5_omni_thinker``) from its model directory, against transformers
-on the same files: every sample of the families' demo (images, several images, videos, audio clips,
-text only) gets the ids, labels, grids and clip frames that ``Qwen2_5OmniProcessor`` and the chat
-template give it alone; every packed sample the thinker's own ``get_rope_index`` positions and the
-processor's pixel values and audio features; and a tiny random
-``Qwen2_5OmniThinkerForConditionalGeneration`` gives each packed sample the logits and loss it gets
-alone (SDPA, eager, mmpack_varlen) with the processor's inputs and the model's own positions, and
-a batch without its restarting text positions (the boundaries dropped) fails that comparison."""
+"""The Qwen-Omni thinkers (Qwen2.5-Omni, ``qwen2_5_omni_thinker``; Qwen3-Omni,
+``qwen3_omni_moe_thinker``) from their model directories, against transformers on the same files:
+every sample of the families' demo (images, several images, videos, audio clips, text only) gets
+the ids, labels, grids and clip frames that the line's processor and chat template give it alone;
+every packed sample the thinker's own ``get_rope_index`` positions (Qwen3-Omni's fractional
+ones at the test directory's 1.5 frames a second) and the processor's pixel values and audio
+features; and a tiny random thinker gives each packed sample the logits and loss it gets alone
+(SDPA, eager, mmpack_varlen) with the processor's inputs and the model's own positions, and a batch
+without its restarting text positions (the boundaries dropped) fails that comparison. Audio inside
+video, for both lines: a small dataset of videos with sound, the same checks."""
 
 from __future__ import annotations
 
@@ -31,14 +33,20 @@ from tests.oracles import qwen_omni as oracle
 pytestmark = pytest.mark.spark
 
 MODEL_TYPE = "qwen2_5_omni_thinker"
+# the test model directory (tests/models/build.py) -> its tiny thinker's model_type, its renderer
+LINES = {
+    "qwen2_5_omni": ("qwen2_5_omni_thinker", "chatml"),
+    "qwen3_omni": ("qwen3_omni_moe_thinker", "qwen3_omni"),
+}
 
 
-@pytest.fixture(scope="module")
-def omni(family_run, tmp_path_factory):
-    """The run, its tokenized rows and transformers' reference of every row (by sample id)."""
+@pytest.fixture(scope="module", params=sorted(LINES))
+def omni(request, family_run, tmp_path_factory):
+    """The line's run (``request.param``: its model directory), its tokenized rows and
+    transformers' reference of every row (by sample id)."""
     from mmpack_udfs.families.model_dir import load_tokenizer
 
-    run = family_run("qwen2_5_omni")
+    run = family_run(request.param)
     samples = {
         s["sample_id"]: s for s in tables.read_arrow(table_uri(str(run.output), "samples")).to_pylist()
     }
@@ -49,18 +57,19 @@ def omni(family_run, tmp_path_factory):
         [samples[r["sample_id"]] for r in rows],
         VIDEO_ORACLE.ask,
         tmp_path_factory.mktemp("omni"),
+        processor=request.param,
     )
     return run, rows, refs
 
 
 @functools.cache
-def thinker(seed: int = 3):
-    return tiny_models().tiny_model(MODEL_TYPE, seed=seed)
+def thinker(model_type: str = MODEL_TYPE, seed: int = 3):
+    return tiny_models().tiny_model(model_type, seed=seed)
 
 
 def test_every_sample_has_the_ids_labels_grids_and_frames_transformers_gives(omni):
     run, rows, refs = omni
-    assert (run.ctx.config.profile.kind, run.ctx.config.profile.chat) == ("qwen2_5_omni", "chatml")
+    assert (run.ctx.config.profile.kind, run.ctx.config.profile.chat) == (run.name, LINES[run.name][1])
     kinds = {"image": 0, "video": 0, "audio": 0}
     for row in rows:
         ref = refs[row["sample_id"]]
@@ -70,7 +79,8 @@ def test_every_sample_has_the_ids_labels_grids_and_frames_transformers_gives(omn
             grids = [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in row["media"] if m["kind"] == kind]
             assert grids == ref[key], row["sample_id"]
         videos = [m["second_per_grid_t"] for m in row["media"] if m["kind"] == "video"]
-        assert videos == ref["video_second_per_grid"]
+        # stored as float32, the precision the thinker reads them at
+        assert videos == [float(np.float32(s)) for s in ref["video_second_per_grid"]]
         assert [m["grid_t"] for m in row["media"] if m["kind"] == "audio"] == ref["feature_frames"]
         for m in row["media"]:
             kinds[m["kind"]] += 1
@@ -88,10 +98,11 @@ def parity_bins(packed: str) -> list[dict]:
 def test_packed_samples_have_the_processors_inputs_and_the_models_positions(family_run, omni):
     """Per bin: the pixel values, the audio features of each clip's frames (the processor pads to
     300 s; the thinker reads only the masked frames) and the positions of every sample."""
-    _, _, refs = omni
-    small = family_run("qwen2_5_omni", PARITY_BUDGET)
-    model = thinker()
+    run, _, refs = omni
+    small = family_run(run.name, PARITY_BUDGET)
+    model = thinker(LINES[run.name][0])
     checked = {"pixel_values": 0, "pixel_values_videos": 0, "input_features": 0, "positions": 0}
+    fractional = 0
     for bin_ in parity_bins(str(small.output / "packed")):
         batch = collate_packed([bin_])
         cu = batch.meta["cu_seq_lens"]
@@ -111,9 +122,13 @@ def test_packed_samples_have_the_processors_inputs_and_the_models_positions(fami
                 row, checked["input_features"] = row + 1, checked["input_features"] + 1
         for s, ref in enumerate(mine):
             positions = batch["position_ids"][1:, 0, cu[s] : cu[s + 1]].numpy()
-            np.testing.assert_array_equal(positions, oracle.rope_index(model, ref))
+            expected = oracle.rope_index(model, ref)
+            assert positions.dtype == expected.dtype, (positions.dtype, expected.dtype)
+            np.testing.assert_array_equal(positions, expected)
             checked["positions"] += 1
+            fractional += bool((expected % 1).any())
     assert min(checked.values()) > 0 and checked["input_features"] == 4, checked
+    assert fractional > 0 if run.name == "qwen3_omni" else fractional == 0, fractional
 
 
 def alone_inputs(ref: dict) -> dict:
@@ -156,19 +171,25 @@ def shared_bins(packed: str) -> list[dict]:
 @pytest.mark.parametrize("attention", ["sdpa", "eager", VARLEN])
 def test_packed_equals_each_sample_alone(family_run, omni, varlen_reference, attention):
     """The packed bin's logits and summed loss are each sample's alone, from the processor's own
-    inputs; among the bins, one holds clips of two samples (the audio encoder keeps them apart).
+    inputs; one micro-batch holds clips of two samples (the audio encoder keeps them apart): a bin
+    where the pack put two together, else two bins with clips collated as one micro-batch.
     SDPA on every bin of two samples or more; eager and mmpack_varlen on those with videos or clips
     (a forward costs its tokens × the real vocabulary)."""
-    _, _, refs = omni
-    small = family_run("qwen2_5_omni", PARITY_BUDGET)
-    model = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), attention)
-    reference = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), "sdpa")
+    run, _, refs = omni
+    small = family_run(run.name, PARITY_BUDGET)
+    model_type = LINES[run.name][0]
+    model = with_attention(tiny_models().tiny_model(model_type, seed=5), attention)
+    reference = with_attention(tiny_models().tiny_model(model_type, seed=5), "sdpa")
     bins = shared_bins(str(small.output / "packed"))
     if attention != "sdpa":
         bins = [b for b in bins if "pixel_values_videos" in b or "input_features" in b]
+    batches = [[b] for b in bins]
+    if not any(sum("input_features" in refs[s] for s in b["sample_ids"]) > 1 for b in bins):
+        with_clips = [b for b in parity_bins(str(small.output / "packed")) if "input_features" in b]
+        batches.append(with_clips[:2])
     checked, kinds, clip_samples = 0, set(), 0
-    for bin_ in bins:
-        batch = collate_packed([bin_])
+    for micro_batch in batches:
+        batch = collate_packed(micro_batch)
         with torch.no_grad():
             packed = model(**batch)
         media = [alone_inputs(refs[s]) for s in batch.meta["sample_ids"]]
@@ -182,9 +203,9 @@ def test_packed_equals_each_sample_alone(family_run, omni, varlen_reference, att
 def test_without_the_text_position_row_samples_leak_and_the_comparison_catches_it(family_run, omni):
     """The mutant: the batch's three TMRoPE rows without the restarting text row (and no
     boundaries); transformers then builds one causal mask over the whole row."""
-    _, _, refs = omni
-    small = family_run("qwen2_5_omni", PARITY_BUDGET)
-    model = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), "sdpa")
+    run, _, refs = omni
+    small = family_run(run.name, PARITY_BUDGET)
+    model = with_attention(tiny_models().tiny_model(LINES[run.name][0], seed=5), "sdpa")
     batch = collate_packed([shared_bins(str(small.output / "packed"))[0]])
     mutant = {k: v for k, v in batch.items() if not k.startswith(("cu_seq_lens", "max_length"))}
     mutant["position_ids"] = batch["position_ids"][1:]
@@ -203,11 +224,11 @@ def test_validate_accepts_the_shards(spark, omni):
 # --- audio in video (tokenize.use_audio_in_video) ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def audio_in_video(spark, tmp_path_factory, family_run):
+@pytest.fixture(scope="module", params=sorted(LINES))
+def audio_in_video(request, spark, tmp_path_factory, family_run):
     """A small dataset of videos with sound (one silent), a clip and an image, run through
-    normalize, tokenize and pack with ``tokenize.use_audio_in_video`` on the Qwen2.5-Omni
-    directory; its rows and transformers' references (``load_audio_from_video``)."""
+    normalize, tokenize and pack with ``tokenize.use_audio_in_video`` on the line's directory
+    (``request.param``); its name, rows and transformers' references (``load_audio_from_video``)."""
     from PIL import Image
 
     from mmpack_udfs.families.model_dir import load_tokenizer
@@ -243,7 +264,7 @@ def audio_in_video(spark, tmp_path_factory, family_run):
     ]
     (root / "av.json").write_text(json.dumps(records))
     config = config_file(root, [{"name": "av", "paths": ["av.json"], "media_root": "media"}])
-    model = family_run("qwen2_5_omni").model_dir
+    model = family_run(request.param).model_dir
     overrides = (f"tokenize.model={model}", "tokenize.use_audio_in_video=true", *PACKED_SETTINGS)
     out = root / "out"
     summaries = run(spark, config, out, "normalize", "tokenize", "pack", overrides=overrides)
@@ -251,16 +272,22 @@ def audio_in_video(spark, tmp_path_factory, family_run):
     rows = tables.read_arrow(table_uri(str(out), "tokenized")).to_pylist()
     by_id = {s["sample_id"]: s for s in samples}
     refs = oracle.references(
-        model, load_tokenizer(str(model)), [by_id[r["sample_id"]] for r in rows], VIDEO_ORACLE.ask, root, True
+        model,
+        load_tokenizer(str(model)),
+        [by_id[r["sample_id"]] for r in rows],
+        VIDEO_ORACLE.ask,
+        root,
+        True,
+        request.param,
     )
-    return out, summaries, rows, refs
+    return request.param, out, summaries, rows, refs
 
 
 PACKED_SETTINGS = ("pack.budget=4096", "pack.oversize=skip")
 
 
 def test_a_silent_video_is_quarantined_and_rows_reconcile(audio_in_video):
-    out, summaries, rows, _ = audio_in_video
+    _, out, summaries, rows, _ = audio_in_video
     assert summaries[0]["datasets"]["av"] == {
         "read": 5, "samples": 4, "quarantined": 1, "duplicates": 0, "reasons": {"audio_no_stream": 1}
     }  # fmt: skip
@@ -270,16 +297,15 @@ def test_a_silent_video_is_quarantined_and_rows_reconcile(audio_in_video):
 
 
 def test_audio_in_video_is_the_processors_and_the_thinkers(audio_in_video):
-    """ids, labels, grids and each track's frames (after its video, in text order) against
-    ``Qwen2_5OmniProcessor`` with ``load_audio_from_video``; in the packed bin, every sample's
-    positions against ``get_rope_index(use_audio_in_video=True)`` and its features against the
-    processor's."""
-    out, _, rows, refs = audio_in_video
+    """ids, labels, grids and each track's frames (after its video, in text order) against the
+    line's processor with ``load_audio_from_video``; in the packed bin, every sample's positions
+    against ``get_rope_index(use_audio_in_video=True)`` and its features against the processor's."""
+    line, out, _, rows, refs = audio_in_video
     for row in rows:
         ref = refs[row["sample_id"]]
         assert row["input_ids"] == ref["input_ids"] and row["labels"] == ref["labels"], row["sample_id"]
         assert [m["grid_t"] for m in row["media"] if m["kind"] == "audio"] == ref["feature_frames"]
-    model, checked = thinker(), 0
+    model, checked = thinker(LINES[line][0]), 0
     for bin_ in PackedDataset(str(out / "packed"), shuffle=False):
         batch = collate_packed([bin_])
         cu, row = batch.meta["cu_seq_lens"], 0
@@ -302,8 +328,8 @@ def test_audio_in_video_is_the_processors_and_the_thinkers(audio_in_video):
 
 
 def test_audio_in_video_packed_equals_each_sample_alone(audio_in_video):
-    out, _, _, refs = audio_in_video
-    model = with_attention(tiny_models().tiny_model(MODEL_TYPE, seed=5), "sdpa")
+    line, out, _, _, refs = audio_in_video
+    model = with_attention(tiny_models().tiny_model(LINES[line][0], seed=5), "sdpa")
     (bin_,) = PackedDataset(str(out / "packed"), shuffle=False)
     batch = collate_packed([bin_])
     with torch.no_grad():

@@ -62,13 +62,13 @@ def check_against_collate_packed(item: dict[str, Any], batch: dict[str, Any]) ->
         assert torch.equal(batch["second_per_grid_ts"], reference.meta["second_per_grid_ts"])
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "glm4v", "qwen2_5_omni"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "glm4v", "qwen2_5_omni", "qwen3_omni"])
 def test_every_bin_once_across_ranks_and_workers_as_the_torch_loader_gives_it(family, energon_export):
     """Export → Energon on 2 ranks × 2 workers (CP 2, TP 2, sequence parallel): each bin once,
     equal to megatron_batch of PackedDataset's item, which is collate_packed's batch shifted
     and padded (images, and for Qwen2.5-VL videos with second_per_grid_ts; GLM-V: its videos'
     frames handed over as images, its 3-D positions; Qwen2.5-Omni: its clips' features and masks,
-    its TMRoPE positions)."""
+    its TMRoPE positions; Qwen3-Omni: the same, its float positions fractional)."""
     export = energon_export(family)
     options = {"cp_size": 2, "tp_size": 2, "sequence_parallel": True}
     encoder = MmpackTaskEncoder(str(export), **options)
@@ -83,6 +83,7 @@ def test_every_bin_once_across_ranks_and_workers_as_the_torch_loader_gives_it(fa
     by_ids = {tuple(b["meta"]["sample_ids"]): b for b in got.values()}
     assert len(by_ids) == len(got)
     videos = clips = 0
+    fractional = False
     reference = PackedDataset(
         str(Path(manifest["source"]["output"]) / "packed"), shuffle=False, balance=False
     )
@@ -102,8 +103,10 @@ def test_every_bin_once_across_ranks_and_workers_as_the_torch_loader_gives_it(fa
         # GLM-V's videos reach the tower as images: a bin with one holds <|begin_of_video|>
         videos += "video_grid_thw" in batch or bool((batch["input_ids"] == GLM_VIDEO_START).any())
         clips += len(batch.get("input_features", []))
+        fractional |= bool((batch["position_ids"] % 1).any())
     assert not by_ids and videos > 0
-    assert clips == (4 if family == "qwen2_5_omni" else 0)  # the demo's clips, each once
+    assert clips == (4 if family.endswith("omni") else 0)  # the demo's clips, each once
+    assert fractional == (family == "qwen3_omni")
 
 
 def test_a_saved_state_resumes_with_exactly_the_rest_of_the_epoch(energon_export):

@@ -1,7 +1,8 @@
 """Idle media for every family with a vision or audio tower (``loader.training.with_idle_media``):
 a micro-batch without images (videos, clips) gets the smallest black (silent) one its model
 takes, as a masked sample of its own, so that under FSDP every rank calls the tower alike. On
-tiny random InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V, Qwen2-Audio and Qwen2.5-Omni models (Qwen2-VL:
+tiny random InternVL, LLaVA-OneVision, Gemma 3, Gemma 4, GLM-V, Qwen2-Audio, Qwen2.5-Omni and
+Qwen3-Omni models (Qwen2-VL:
 tests/loader/test_training.py): the model takes the batch, no real logit changes, the loss is
 the same, and the tower runs and gets exactly-zero gradients."""
 
@@ -34,6 +35,11 @@ EXPECTED = {  # model type: (kind, pixel key, pixel shape, tokens) of each idle 
         ("video", "pixel_values_videos", (4, 3 * 2 * 14 * 14), 1),
         ("audio", "input_features", (1, 128, 3), 1),
     ],
+    "qwen3_omni_moe_thinker": [  # patch 16; a clip of 1 frame (its chunked encoder's 1 token)
+        ("image", "pixel_values", (4, 3 * 2 * 16 * 16), 1),
+        ("video", "pixel_values_videos", (4, 3 * 2 * 16 * 16), 1),
+        ("audio", "input_features", (1, 128, 1), 1),
+    ],
 }
 
 
@@ -53,7 +59,8 @@ def text_bin(model_type: str) -> dict:
     if model_type in ("gemma3", "gemma4"):
         item.update(media_token_mask=torch.zeros(len(ids), dtype=torch.bool), sliding_window=64)
         item["global_media_blocks"] = model_type == "gemma3"  # Gemma 4: image blocks on sliding layers
-    if model_type in ("glm4v", "qwen2_5_omni_thinker"):  # mRoPE: text-only samples count on all three rows
+    # mRoPE: text-only samples count on all three rows
+    if model_type in ("glm4v", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"):
         item["mrope_position_ids"] = item["position_ids"].expand(3, -1)
     return item
 

@@ -46,6 +46,8 @@ MODELS = {
     "qwen2_audio": ("qwen2_audio", "qwen2_audio", "qwen2", "chat_template.jinja"),
     # Qwen2.5-Omni-7B's thinker (published/qwen2_5_omni/SOURCE.md)
     "qwen2_5_omni": ("qwen2_5_omni", "qwen2_5_omni_thinker", "qwen2", "chat_template.jinja"),
+    # Qwen3-Omni-30B-A3B's thinker (published/qwen3_omni/SOURCE.md)
+    "qwen3_omni": ("qwen3_omni", "qwen3_omni_moe_thinker", "qwen2", "chat_template.jinja"),
 }
 # The GLM-4/4.5 pre-tokenizer (THUDM tokenization_chatglm.py), over the ranks of splintr-rs' "glm4"
 GLM_PATTERN = (
@@ -73,7 +75,21 @@ QWEN_OMNI_TOKENS = {
     "audio_bos_token": "<|audio_bos|>",
     "audio_eos_token": "<|audio_eos|>",
 }
-NAMED_TOKENS = {"internvl": INTERNVL_TOKENS, "qwen2_5_omni_thinker": QWEN_OMNI_TOKENS}
+# … and of Qwen3-Omni (its tokenizer_config.json), which Qwen3OmniMoeProcessor reads
+QWEN3_OMNI_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
+NAMED_TOKENS = {
+    "internvl": INTERNVL_TOKENS,
+    "qwen2_5_omni_thinker": QWEN_OMNI_TOKENS,
+    "qwen3_omni_moe_thinker": QWEN3_OMNI_TOKENS,
+}
 
 
 def tiny_models():

@@ -176,15 +176,27 @@ def answer(request: dict) -> list[dict]:
     return results
 
 
+OMNI_PROCESSORS = {  # request["processor"] -> transformers' processor class
+    "qwen2_5_omni": ("transformers.models.qwen2_5_omni.processing_qwen2_5_omni", "Qwen2_5OmniProcessor"),
+    "qwen3_omni": ("transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe", "Qwen3OmniMoeProcessor"),
+}
+# what a directory without video_preprocessor_config.json gives its video processor from
+# preprocessor_config.json (transformers reads that file instead)
+VIDEO_FROM_IMAGE_KEYS = ("patch_size", "merge_size", "temporal_patch_size", "image_mean", "image_std")
+
+
 def omni_samples(request: dict) -> list[dict]:
-    """Qwen2_5OmniProcessor, whole, on each sample of ``request["samples"]`` alone: its rendered
-    text, images (files), audio (.npy waveforms) and videos (files, every frame decoded, sampled by
-    the video processor at ``video_settings``' fps). Per sample: the ids, grids, the seconds per
+    """The Omni processor (``request["processor"]``), whole, on each sample of ``request["samples"]``
+    alone: its rendered text, images (files), audio (.npy waveforms) and videos (files, every frame
+    decoded, sampled by the directory's video processor: video_preprocessor_config.json, or without
+    one, as transformers does, preprocessor_config.json's patching and normalization sampling at
+    ``video_settings``). Per sample: the ids, grids, the seconds per
     temporal patch and the clips' feature frames; the pixel values and features go to ``out`` +
     ``.pixel_values.npy`` etc."""
+    import importlib
+
     from PIL import Image
     from transformers import AutoTokenizer, WhisperFeatureExtractor
-    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
     from transformers.video_utils import VideoMetadata
@@ -192,8 +204,15 @@ def omni_samples(request: dict) -> list[dict]:
     model_dir = Path(request["model_dir"])
     settings = json.loads((model_dir / "preprocessor_config.json").read_text())
     settings = {k: v for k, v in settings.items() if not k.endswith(("_type", "_class"))}
-    video_settings = request["video_settings"]
-    processor = Qwen2_5OmniProcessor(
+    video_file = model_dir / "video_preprocessor_config.json"
+    if video_file.exists():  # the directory's video processor, as transformers reads it
+        video_settings = json.loads(video_file.read_text())
+        video_settings = {k: v for k, v in video_settings.items() if not k.endswith(("_type", "_class"))}
+    else:
+        video_settings = {k: settings[k] for k in VIDEO_FROM_IMAGE_KEYS if k in settings}
+        video_settings.update(request["video_settings"])
+    module, name = OMNI_PROCESSORS[request.get("processor", "qwen2_5_omni")]
+    processor = getattr(importlib.import_module(module), name)(
         Qwen2VLImageProcessorPil(**settings),
         Qwen2VLVideoProcessor(**video_settings),
         WhisperFeatureExtractor(**settings),

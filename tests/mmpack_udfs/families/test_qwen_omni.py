@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import av
 import numpy as np
@@ -18,6 +20,7 @@ from transformers import WhisperFeatureExtractor
 
 from loader import audio
 from mmpack_udfs.families import make_family
+from mmpack_udfs.families.qwen2_audio import audio_tokens
 from mmpack_udfs.normalize import media
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.resolve import load_run
@@ -29,6 +32,20 @@ from tests.models.build import build_model_dir, tiny_models
 
 IMAGE, VIDEO, AUDIO = 151655, 151656, 151646
 VISION_BOS, VISION_EOS, AUDIO_BOS, AUDIO_EOS = 151652, 151653, 151647, 151648
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A thinker's media token ids and its clips' token count."""
+
+    image: int = IMAGE
+    video: int = VIDEO
+    audio: int = AUDIO
+    vision_start: int = VISION_BOS
+    vision_end: int = VISION_EOS
+    audio_start: int = AUDIO_BOS
+    audio_end: int = AUDIO_EOS
+    clip_tokens: Callable[[int], int] = audio_tokens
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +63,10 @@ def thinker():
     return tiny_models().tiny_model("qwen2_5_omni_thinker", seed=0)
 
 
-def layout(items: list[tuple]) -> tuple[list[int], list[dict], dict]:
+def layout(items: list[tuple], tokens: Tokens = Tokens()) -> tuple[list[int], list[dict], dict]:
     """Token ids of text runs and media items — ("text", n), ("image", t, h, w),
     ("video", t, h, w, seconds), ("audio", frames) — their media rows as tokenize writes them, and
-    the model inputs of get_rope_index."""
+    the model inputs of get_rope_index (``tokens``: the thinker's)."""
     ids, media = [], []
     grids = {"image": [], "video": []}
     seconds, frames = [], []
@@ -59,20 +76,19 @@ def layout(items: list[tuple]) -> tuple[list[int], list[dict], dict]:
             continue
         kind = item[0]
         if kind == "audio":
-            count = ((item[1] - 1) // 2 + 1 - 2) // 2 + 1
-            ids.append(AUDIO_BOS)
+            ids.append(tokens.audio_start)
             media.append(
                 {"kind": "audio", "token_offset": len(ids), "grid_t": item[1], "grid_h": 1, "grid_w": 1}
             )
-            ids += [AUDIO] * count + [AUDIO_EOS]
+            ids += [tokens.audio] * tokens.clip_tokens(item[1]) + [tokens.audio_end]
             frames.append(item[1])
             continue
         t, h, w = item[1:4]
-        ids.append(VISION_BOS)
+        ids.append(tokens.vision_start)
         row = {"kind": kind, "token_offset": len(ids), "grid_t": t, "grid_h": h, "grid_w": w}
         row["second_per_grid_t"] = item[4] if kind == "video" else None
         media.append(row)
-        ids += [IMAGE if kind == "image" else VIDEO] * (t * h * w // 4) + [VISION_EOS]
+        ids += [tokens.image if kind == "image" else tokens.video] * (t * h * w // 4) + [tokens.vision_end]
         grids[kind].append([t, h, w])
         if kind == "video":
             seconds.append(item[4])
@@ -143,7 +159,7 @@ def test_the_loaders_features_are_the_extractors_for_the_clip_padded_to_300_s(ru
         )
         frames = int(full["attention_mask"][0].sum())
         assert full["input_features"].shape[-1] == 30000
-        features, mask = audio.whisper_features(waveform, profile, whole_chunk=False)
+        features, mask = audio.whisper_features(waveform, profile, "frames")
         assert features.shape[-1] == frames == int(mask.sum()) == len(mask)
         np.testing.assert_array_equal(features, full["input_features"][0][:, :frames])
 
@@ -264,27 +280,36 @@ def test_audio_in_video_is_the_processors_and_the_thinkers(
     """``tokenize.use_audio_in_video``: ids, labels, grids, the tracks' frames (after each
     video, in text order) against ``Qwen2_5OmniProcessor`` with ``load_audio_from_video``, and
     positions against ``get_rope_index(use_audio_in_video=True)``, over videos of several 2 s chunks."""
+    assert_audio_in_video_is_transformers(published, thinker, turns, [sounding[n] for n in names], tmp_path)
+
+
+def assert_audio_in_video_is_transformers(
+    published, thinker, turns, items, tmp_path, processor: str = "qwen2_5_omni"
+) -> tuple[list[int], np.ndarray]:
+    """One sample of ``turns`` and media ``items`` tokenized with ``use_audio_in_video`` against
+    the ``processor`` of the ``published`` directory (ids, labels, grids, the tracks' frames) and
+    the ``thinker``'s positions; its ids and positions."""
     from mmpack_udfs.families.model_dir import load_tokenizer
     from tests.integration.test_family_tokens import VIDEO_ORACLE
     from tests.oracles import qwen_omni as oracle
 
     run = load_run(None, [f"tokenize.model={published}", "tokenize.use_audio_in_video=true"])
-    row = sample(turns, [sounding[n] for n in names])
+    row = sample(turns, items)
     (got,), quarantined = SampleTokenizer(TokenizeSettings.from_config(run.config)).tokenize([row])
     assert not quarantined
-    refs = oracle.references(
-        published, load_tokenizer(str(published)), [row], VIDEO_ORACLE.ask, tmp_path, True
-    )
+    tokenizer = load_tokenizer(str(published))
+    refs = oracle.references(published, tokenizer, [row], VIDEO_ORACLE.ask, tmp_path, True, processor)
     ref = refs[row["sample_id"]]
     assert got.input_ids.tolist() == ref["input_ids"]
     assert got.labels.tolist() == ref["labels"]
-    assert [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in got.media if m["kind"] == "video"] == ref[
-        "video_grid_thw"
-    ]
+    videos = [[m["grid_t"], m["grid_h"], m["grid_w"]] for m in got.media if m["kind"] == "video"]
+    assert videos == ref["video_grid_thw"]
     assert [m["grid_t"] for m in got.media if m["kind"] == "audio"] == ref["feature_frames"]
     family = make_family("model", run.config.profile.model_dump())
     positions = family.positions(len(got.input_ids), got.media)
-    np.testing.assert_array_equal(positions, oracle.rope_index(thinker, ref, audio_in_video=True))
+    expected = oracle.rope_index(thinker, ref, audio_in_video=True)
+    np.testing.assert_array_equal(positions, expected)
+    return ref["input_ids"], expected
 
 
 def test_a_video_without_sound_is_quarantined_when_its_audio_is_asked_for(sounding):
