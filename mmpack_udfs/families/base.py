@@ -138,7 +138,7 @@ class Family:
     # the log-mel features the loader hands over per clip (``loader.audio.whisper_features``):
     # "chunk", padded to the feature extractor's whole chunk (Qwen2-Audio: 30 s); "frames", the
     # clip's own frames of that padded chunk (Qwen2.5-Omni's encoder reads no more); "clip", the
-    # clip alone, unpadded (Qwen3-Omni's processor pads only to a call's longest clip)
+    # clip zero-padded to its sample's longest (Qwen3-Omni's processor pads only to a call's longest)
     audio_features = "chunk"
     position_dtype: ClassVar[type] = np.int64  # of the mRoPE rows (Qwen3-Omni's are float32)
     # whether ``mmpack export rl`` counts its RL prompts exactly: the generation prompt its chat

@@ -228,14 +228,18 @@ class Qwen3(ChatML):
         return out
 
     def last_query(self, turns: Sequence[Mapping[str, str]]) -> int:
-        """Index of the last user turn that is not a wrapped tool response (the template's
-        ``last_query_index``)."""
+        """Index of the last user turn that is a query (``is_query``: the template's
+        ``last_query_index``); without one, ``no_query``'s."""
         for index in range(len(turns) - 1, -1, -1):
-            text = self.content(turns[index]["text"])
-            if turns[index]["role"] == "user" and not (
-                text.startswith(TOOL_OPEN) and text.endswith(TOOL_CLOSE)
-            ):
+            if turns[index]["role"] == "user" and self.is_query(self.content(turns[index]["text"])):
                 return index
+        return self.no_query(turns)
+
+    def is_query(self, text: str) -> bool:
+        """Whether a user turn's text is a query: not a wrapped tool response."""
+        return not (text.startswith(TOOL_OPEN) and text.endswith(TOOL_CLOSE))
+
+    def no_query(self, turns: Sequence[Mapping[str, str]]) -> int:
         raise Rejected(Reason.TEMPLATE_REFUSES, "no user query (only tool responses)")
 
     def assistant(self, text: str, after_query: bool, final: bool) -> TurnLayout:
@@ -273,15 +277,10 @@ class Qwen3OmniChat(Qwen3Thinking):
 
     name = "qwen3_omni"
 
-    def last_query(self, turns: Sequence[Mapping[str, str]]) -> int:
-        for index in range(len(turns) - 1, -1, -1):
-            text = turns[index]["text"]
-            if (
-                turns[index]["role"] == "user"
-                and not MEDIA_PLACEHOLDER.search(text)
-                and not (text.startswith(TOOL_OPEN) and text.endswith(TOOL_CLOSE))
-            ):
-                return index
+    def is_query(self, text: str) -> bool:
+        return not MEDIA_PLACEHOLDER.search(text) and super().is_query(text)
+
+    def no_query(self, turns: Sequence[Mapping[str, str]]) -> int:
         return len(turns) - 1  # the template's default: no turn comes after it
 
 

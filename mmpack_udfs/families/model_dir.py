@@ -880,15 +880,35 @@ def _qwen_omni_profile(
     image and video settings as Qwen2.5-VL's (the video frames' pixel limits those the processor
     passes), the Whisper features from preprocessor_config.json, the token ids and
     ``position_id_per_seconds`` from the thinker's config."""
-    thinker = config.get("thinker_config") or config
-    profile = _qwen_profile(path, source, kind, thinker, notes)
-    profile["video"].update(QWEN_OMNI_VIDEO_PIXELS)
-    profile["audio"] = _whisper_features(path, source, kind, thinker.get("audio_config") or {}, fixed=False)
-    ids = {token: _check_token_id(path, source, thinker, key, token) for key, token in QWEN_OMNI_TOKENS}
-    profile["audio_token_id"] = ids["<|AUDIO|>"]
-    profile["position_id_per_seconds"] = thinker.get("position_id_per_seconds", 25)
+    profile, thinker = _omni_thinker_profile(
+        path, source, kind, config, notes, QWEN_OMNI_TOKENS, QWEN_OMNI_VIDEO_PIXELS
+    )
     profile["seconds_per_chunk"] = thinker.get("seconds_per_chunk", 2)
     return profile
+
+
+def _omni_thinker_profile(
+    path: str,
+    source: str,
+    kind: str,
+    config: Mapping[str, Any],
+    notes: list[str],
+    tokens: tuple[tuple[str, str], ...],
+    video_pixels: Mapping[str, int],
+) -> tuple[dict, Mapping[str, Any]]:
+    """What the Omni thinkers' directories share: the thinker's config (a whole checkpoint's
+    ``thinker_config``), images and videos as the Qwen-VL line's with the frame limits the
+    processor passes (``video_pixels``), the Whisper features, the ``tokens`` checked against the
+    tokenizer (the first is the audio token), ``position_id_per_seconds`` (the thinker configs'
+    class default 25 where config.json has none). The profile and the thinker's config."""
+    thinker = config.get("thinker_config") or config
+    profile = _qwen_profile(path, source, kind, thinker, notes)
+    profile["video"].update(video_pixels)
+    profile["audio"] = _whisper_features(path, source, kind, thinker.get("audio_config") or {}, fixed=False)
+    ids = [_check_token_id(path, source, thinker, key, token) for key, token in tokens]
+    profile["audio_token_id"] = ids[0]
+    profile["position_id_per_seconds"] = thinker.get("position_id_per_seconds", 25)
+    return profile, thinker
 
 
 QWEN3_OMNI_TOKENS = (  # the thinker config's key -> the tokenizer's token
@@ -916,23 +936,18 @@ def _qwen3_omni_profile(
     Whisper features, the token ids, ``position_id_per_seconds`` (the thinker config's class
     default 25 where config.json has none) and the audio encoder's window, which must be the one
     the processor counts tokens with."""
-    thinker = config.get("thinker_config") or config
-    profile = _qwen_profile(path, source, kind, thinker, notes)
+    profile, thinker = _omni_thinker_profile(
+        path, source, kind, config, notes, QWEN3_OMNI_TOKENS, QWEN3_OMNI_VIDEO_PIXELS
+    )
     if _processor_file(path, "video_preprocessor_config.json", "video_processor") is None:
         profile["video"].update(mean=profile["image"]["mean"], std=profile["image"]["std"])
-    profile["video"].update(QWEN3_OMNI_VIDEO_PIXELS)
-    audio_config = thinker.get("audio_config") or {}
-    profile["audio"] = _whisper_features(path, source, kind, audio_config, fixed=False)
-    window = audio_config.get("n_window", QWEN3_OMNI_PROCESSOR_WINDOW)
+    window = (thinker.get("audio_config") or {}).get("n_window", QWEN3_OMNI_PROCESSOR_WINDOW)
     if window != QWEN3_OMNI_PROCESSOR_WINDOW:
         raise ConfigError(
             f"tokenize.model: {source}: audio_config.n_window {window}, but Qwen3OmniMoeProcessor counts "
             f"a clip's tokens with {QWEN3_OMNI_PROCESSOR_WINDOW}; mmpack refuses a model and processor "
             "that disagree"
         )
-    ids = {token: _check_token_id(path, source, thinker, key, token) for key, token in QWEN3_OMNI_TOKENS}
-    profile["audio_token_id"] = ids["<|audio_pad|>"]
-    profile["position_id_per_seconds"] = thinker.get("position_id_per_seconds", 25)
     profile["audio_window"] = window
     return profile
 

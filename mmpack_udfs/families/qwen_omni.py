@@ -82,35 +82,50 @@ class Qwen25Omni(Qwen25VL):
 
     def plans(self, media: Sequence[Mapping[str, Any]]) -> list[MediaPlan]:
         """Each item's plan; with audio in video, a video's plan carries its track's
-        (``MediaPlan.audio``: the samples normalize counted, ``audio_samples``)."""
-        plans = super().plans(media)
-        if not self.audio_in_video:
-            return plans
-        return [
-            dataclasses.replace(plan, audio=self.plan_audio(item["audio_samples"]))
-            if plan.kind == "video"
-            else plan
-            for plan, item in zip(plans, media, strict=True)
-        ]
+        (``MediaPlan.audio``: the samples normalize counted, ``audio_samples``). A clip's and a
+        track's plan may depend on the sample's longest clip or track (``plan_clip``)."""
+        tracks = self.audio_in_video
+        lengths = [m["frames"] for m in media if m["kind"] == "audio"]
+        lengths += [m["audio_samples"] for m in media if m["kind"] == "video" and tracks]
+        longest = max(lengths, default=0)
+        plans = []
+        for item in media:
+            if item["kind"] == "audio":
+                plans.append(self.plan_clip(item["frames"], longest))
+                continue
+            plan = self.plan(item)
+            if plan.kind == "video" and tracks:
+                plan = dataclasses.replace(plan, audio=self.plan_clip(item["audio_samples"], longest))
+            plans.append(plan)
+        return plans
+
+    def plan_clip(self, samples: int, longest: int) -> MediaPlan:
+        """A clip (or track) of ``samples`` in a sample whose longest one has ``longest``: the
+        processor pads every clip to its whole chunk, so the longest changes nothing."""
+        return self.plan_audio(samples)
 
     def media_layout(self, plan: MediaPlan) -> list[LayoutElement]:
-        """A video with its track: ``<|vision_bos|><|audio_bos|>``, then video and audio tokens in
-        2 s chunks (video chunk j, audio chunk j, … as ``Qwen2_5OmniProcessor.replace_video_with_
-        audio_token`` interleaves them), ``<|audio_eos|><|vision_eos|>``."""
+        """A video with its track: its start token and the track's, the video's and the track's
+        tokens in the processor's order (``track_runs``), the track's end token and the video's."""
         if plan.audio is None:
             return super().media_layout(plan)
         video, audio = self.media_tokens["video"], self.media_tokens["audio"]
-        chunks: list[LayoutElement] = []
+        return [
+            ("token", video.before[0]), ("token", audio.before[0]), *self.track_runs(plan),
+            ("token", audio.after[0]), ("token", video.after[0]),
+        ]  # fmt: skip
+
+    def track_runs(self, plan: MediaPlan) -> list[LayoutElement]:
+        """Video and audio tokens in 2 s chunks: video chunk j, audio chunk j, … as
+        ``Qwen2_5OmniProcessor.replace_video_with_audio_token`` interleaves them."""
+        runs: list[LayoutElement] = []
         video_runs, audio_runs = self._chunks(plan.grid, plan.second_per_grid_t, plan.audio.num_tokens, True)
         for j in range(max(len(video_runs), len(audio_runs))):
             if j < len(video_runs):
-                chunks.append(("pad", video_runs[j]))
+                runs.append(("pad", video_runs[j]))
             if j < len(audio_runs):
-                chunks.append(("track", audio_runs[j]))
-        return [
-            ("token", video.before[0]), ("token", audio.before[0]), *chunks,
-            ("token", audio.after[0]), ("token", video.after[0]),
-        ]  # fmt: skip
+                runs.append(("track", audio_runs[j]))
+        return runs
 
     def _chunks(
         self, grid: tuple[int, int, int], seconds: float, sound_tokens: int, processor: bool
@@ -273,43 +288,13 @@ class Qwen3Omni(Qwen25Omni):
     idle_clip_frames = 1  # one frame gives one token
     position_dtype = np.float32
 
-    def plans(self, media: Sequence[Mapping[str, Any]]) -> list[MediaPlan]:
-        """Each item's plan; a clip's (and, with audio in video, a video's track's) depends on the
-        sample's longest clip or track, which the processor pads it to (``plan_clip``)."""
-        tracks = self.audio_in_video
-        lengths = [m["frames"] for m in media if m["kind"] == "audio"]
-        lengths += [m["audio_samples"] for m in media if m["kind"] == "video" and tracks]
-        longest = max(lengths, default=0)
-        plans = []
-        for item in media:
-            if item["kind"] == "audio":
-                plans.append(self.plan_clip(item["frames"], longest))
-                continue
-            plan = self.plan(item)
-            if plan.kind == "video" and tracks:
-                plan = dataclasses.replace(plan, audio=self.plan_clip(item["audio_samples"], longest))
-            plans.append(plan)
-        return plans
-
-    def media_layout(self, plan: MediaPlan) -> list[LayoutElement]:
-        """A video with its track: ``<|vision_start|><|audio_start|>``, runs of video and track
-        tokens in the processor's merged order, ``<|audio_end|><|vision_end|>``."""
-        if plan.audio is None:
-            return super().media_layout(plan)
+    def track_runs(self, plan: MediaPlan) -> list[LayoutElement]:
+        """Runs of video and track tokens in the processor's merged order (float64 times)."""
         per_patch = plan.grid[1] * plan.grid[2] // self.merge_size**2
         times = np.repeat(np.arange(plan.grid[0]) * plan.second_per_grid_t * PROCESSOR_TIME_SCALE, per_patch)
-        heard = np.arange(plan.audio.num_tokens, dtype=np.float64)
-        order = merged_order(times, heard)
+        order = merged_order(times, np.arange(plan.audio.num_tokens, dtype=np.float64))
         edges = np.flatnonzero(np.diff(order)) + 1
-        runs = [
-            ("pad" if run[0] else "track", len(run))
-            for run in np.split(order, edges)
-        ]  # fmt: skip
-        video, audio = self.media_tokens["video"], self.media_tokens["audio"]
-        return [
-            ("token", video.before[0]), ("token", audio.before[0]), *runs,
-            ("token", audio.after[0]), ("token", video.after[0]),
-        ]  # fmt: skip
+        return [("pad" if run[0] else "track", len(run)) for run in np.split(order, edges)]
 
     def plan_audio(self, samples: int) -> MediaPlan:
         """A clip of ``samples`` 16 kHz samples alone."""
