@@ -56,7 +56,16 @@ TEST_SPARK = {
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _background_installs(request, tmp_path_factory) -> None:
+def _default_malloc_below() -> None:
+    """The processes this one starts (Spark, torchrun's ranks, pip, the benchmarks) get glibc's
+    default malloc: `make test` starts pytest keeping large blocks in the heap (the Makefile's
+    TEST_ENV), which this process's tiny-model forwards need, and which in a torchrun test's six
+    processes held 16.7 GB at its peak where the default holds 7.4 GB."""
+    os.environ.pop("GLIBC_TUNABLES", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_installs(_default_malloc_below, request, tmp_path_factory) -> None:
     """Begin the virtualenvs the session's install tests use, in the background (tests/installs.py)."""
     installs.start_used(request.session.items, tmp_path_factory)
 
