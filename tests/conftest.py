@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import socket
@@ -55,13 +56,18 @@ TEST_SPARK = {
 }
 
 
+HEAP_MALLOC: dict[str, str] = {}  # pytest's own malloc setting, for one process like it (below)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _default_malloc_below() -> None:
-    """The processes this one starts (Spark, torchrun's ranks, pip, the benchmarks) get glibc's
-    default malloc: `make test` starts pytest keeping large blocks in the heap (the Makefile's
-    TEST_ENV), which this process's tiny-model forwards need, and which in a torchrun test's six
-    processes held 16.7 GB at its peak where the default holds 7.4 GB."""
-    os.environ.pop("GLIBC_TUNABLES", None)
+    """The processes this one starts (Spark, torchrun's ranks, pip) get glibc's default malloc:
+    `make test` starts pytest keeping large blocks in the heap (the Makefile's TEST_ENV), which
+    this process's tiny-model forwards need, and which in a torchrun test's six processes held
+    16.7 GB at its peak where the default holds 7.4 GB. ``HEAP_MALLOC`` keeps it for a test that
+    starts one such process (the benchmarks' smoke runner)."""
+    if "GLIBC_TUNABLES" in os.environ:
+        HEAP_MALLOC["GLIBC_TUNABLES"] = os.environ.pop("GLIBC_TUNABLES")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -71,8 +77,19 @@ def _background_installs(_default_malloc_below, request, tmp_path_factory) -> No
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """A build's virtualenv is deleted after the last test that uses it (tests/installs.py)."""
+    """A build's virtualenv is deleted after the last test that uses it (tests/installs.py); the
+    heap's free memory goes back to the system (``release_heap``)."""
     installs.release_after(item)
+    release_heap()
+
+
+def release_heap() -> None:
+    """Under `make test`'s heap setting (``_default_malloc_below``), this process keeps what a test
+    freed: a test's forwards reuse it, and ``malloc_trim`` hands it back when the test ends, so the
+    process holds one test's peak, not the session's (which reached 18 GB with the machine's other
+    processes by the end of the Spark tests)."""
+    if HEAP_MALLOC:
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 MIN_FREE_DISK_GB = 2  # between tests; the spark-submit recipe takes ~7 GB more while it runs

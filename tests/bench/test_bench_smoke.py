@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import HEAP_MALLOC
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = sorted([p.name for p in (ROOT / "bench").glob("bench_*.py")] + ["gpu_check.py"])
 RUNNER = Path(__file__).with_name("smoke_runner.py")
@@ -36,7 +38,7 @@ def smoke_runs(tmp_path_factory) -> tuple[dict, subprocess.CompletedProcess]:
     script's outcome, and the runner's own."""
     out = tmp_path_factory.mktemp("bench-out")
     results = out / "smoke-results.json"
-    env = {**os.environ, "MMPACK_BENCH_OUT": str(out), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **HEAP_MALLOC, "MMPACK_BENCH_OUT": str(out), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(RUNNER), str(results), *run_order(BENCHMARKS)],
         cwd=ROOT,
