@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import shutil
 import socket
@@ -89,7 +90,12 @@ def release_heap() -> None:
     process holds one test's peak, not the session's (which reached 18 GB with the machine's other
     processes by the end of the Spark tests)."""
     if HEAP_MALLOC:
-        ctypes.CDLL(None).malloc_trim(0)
+        _libc().malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)  # the C library this process runs on, opened once
 
 
 MIN_FREE_DISK_GB = 2  # between tests; the spark-submit recipe takes ~7 GB more while it runs
