@@ -12,7 +12,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-fast test-airflow airflow-setup lint dist config-docs bench-normalize bench-text bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
+.PHONY: setup java browser demo test test-fast test-families test-pipeline-then-airflow test-airflow airflow-setup lint dist config-docs bench-normalize bench-text bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
 
 setup: java $(STAMP)
 
@@ -74,10 +74,14 @@ $(VERL_STAMP): tests/oracles/verl-requirements.txt
 	$(VERL_VENV)/bin/pip install -q -r tests/oracles/verl-requirements.txt
 	touch $@
 
-# The unit tests (no Spark, no torchrun, no benchmark runs) on both cores; the rest (Spark, torchrun,
-# installs, clusters) one at a time: two of those at once outgrow a 2-core, 24 GiB machine.
+# The unit tests (no Spark, no torchrun, no benchmark runs) on both cores. The rest (Spark, torchrun,
+# installs, clusters) in two lanes at once, each running its tests one at a time: the tests of the
+# family runs (the `families` marker, tests/conftest.py), and the others followed by the DAG tests.
+# Each lane makes only its own session fixtures' Spark runs and uses the other's idle time (JVM
+# start-ups, pip, one-threaded steps); both take about as long.
 UNIT_TESTS := -m "not spark and not slow" -n 2 -p no:cacheprovider
-REST_TESTS := -m "spark or slow"
+FAMILY_TESTS := -m "(spark or slow) and families" -p no:cacheprovider
+PIPELINE_TESTS := -m "(spark or slow) and not families" -p no:cacheprovider
 # glibc's malloc serves each block over 32 MB with a fresh mmap and unmaps it when freed, so every
 # CPU forward of a tiny model faulted its logits (tokens x a 150-260 k vocabulary) and activations
 # in page by page again: the kernel took more CPU than the model (tests/loader/test_family_parity.py:
@@ -89,8 +93,15 @@ test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed $(V
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
 	$(TEST_ENV) $(BIN)/pytest -q $(UNIT_TESTS)
-	$(TEST_ENV) $(BIN)/pytest -q $(REST_TESTS)
-	$(MAKE) test-airflow
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-families test-pipeline-then-airflow
+
+# `make test`'s two lanes, each one's output printed whole as it ends.
+test-families: setup
+	$(TEST_ENV) $(BIN)/pytest -q $(FAMILY_TESTS)
+
+test-pipeline-then-airflow: setup
+	$(TEST_ENV) $(BIN)/pytest -q $(PIPELINE_TESTS)
+	$(MAKE) --no-print-directory test-airflow
 
 # The inner loop: the unit tests alone, a few minutes.
 test-fast: setup $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed

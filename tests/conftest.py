@@ -34,12 +34,24 @@ os.environ.update(
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before the mark plugin's, which deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs the SparkSession (its fixtures do) is a ``spark`` test, marked or not:
-    ``make test-fast`` (``-m "not spark and not slow"``) never starts Spark."""
+    ``make test-fast`` (``-m "not spark and not slow"``) never starts Spark. A test that uses the
+    family runs or the preference demo is a ``families`` test (``FAMILY_FIXTURES``)."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "spark" in fixtures:
             item.add_marker(pytest.mark.spark)
+        if FAMILY_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.families)
+
+
+# `make test` runs the Spark tests as two pytest processes at once, the ``families`` tests and
+# the others, so that each session fixture's Spark run is made in one of them only (the demo's
+# tokenize and pack, which both use, excepted). Each uses the other's idle time: JVM start-ups,
+# pip, one-threaded steps.
+FAMILY_FIXTURES = frozenset({"family_demo", "preference_demo"})
 
 
 TEST_SPARK = {
