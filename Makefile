@@ -93,7 +93,9 @@ test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed $(V
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
 	$(TEST_ENV) $(BIN)/pytest -q $(UNIT_TESTS)
+	@echo "== the two lanes start: $$(date -u +%T)"
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-families test-pipeline-then-airflow
+	@echo "== the two lanes end: $$(date -u +%T)"
 
 # `make test`'s two lanes, each one's output printed whole as it ends.
 test-families: setup

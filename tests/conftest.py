@@ -38,7 +38,7 @@ os.environ.update(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs the SparkSession (its fixtures do) is a ``spark`` test, marked or not:
     ``make test-fast`` (``-m "not spark and not slow"``) never starts Spark. A test that uses the
-    family runs or the preference demo is a ``families`` test (``FAMILY_FIXTURES``)."""
+    family runs is a ``families`` test (``FAMILY_FIXTURES``)."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if "spark" in fixtures:
@@ -47,11 +47,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.families)
 
 
-# `make test` runs the Spark tests as two pytest processes at once, the ``families`` tests and
-# the others, so that each session fixture's Spark run is made in one of them only (the demo's
-# tokenize and pack, which both use, excepted). Each uses the other's idle time: JVM start-ups,
-# pip, one-threaded steps.
-FAMILY_FIXTURES = frozenset({"family_demo", "preference_demo"})
+# `make test` runs the Spark tests in two pytest processes at once (the Makefile's lanes), the
+# ``families`` tests and the others, so that a family's Spark run is made in one of them only. The
+# demo's runs (tokenized, packed, mixed) and the preference run are small, and the few family tests
+# that also use them make their own.
+FAMILY_FIXTURES = frozenset({"family_demo"})
 
 
 TEST_SPARK = {
