@@ -88,28 +88,29 @@ PIPELINE_TESTS := -m "(spark or slow) and not families" -p no:cacheprovider
 # 46.8 s system for 75.8 s user; 7.5 s with this). Large blocks stay in the heap for pytest's own
 # processes only (tests/conftest.py drops it for those they start: it multiplies their memory).
 TEST_ENV := GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
+PYTEST := $(TEST_ENV) $(BIN)/pytest -q
 
 test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed $(VERL_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
-	$(TEST_ENV) $(BIN)/pytest -q $(UNIT_TESTS)
+	$(PYTEST) $(UNIT_TESTS)
 	@echo "== the two lanes start: $$(date -u +%T)"
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-families test-pipeline-then-airflow
 	@echo "== the two lanes end: $$(date -u +%T)"
 
 # `make test`'s two lanes, each one's output printed whole as it ends.
 test-families: setup
-	$(TEST_ENV) $(BIN)/pytest -q $(FAMILY_TESTS)
+	$(PYTEST) $(FAMILY_TESTS)
 
 test-pipeline-then-airflow: setup
-	$(TEST_ENV) $(BIN)/pytest -q $(PIPELINE_TESTS)
+	$(PYTEST) $(PIPELINE_TESTS)
 	$(MAKE) --no-print-directory test-airflow
 
 # The inner loop: the unit tests alone, a few minutes.
 test-fast: setup $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(TEST_ENV) $(BIN)/pytest -q $(UNIT_TESTS)
+	$(PYTEST) $(UNIT_TESTS)
 
 # The DAG tests: Airflow lives in its own virtualenv (its Spark provider's pyspark-client
 # clashes with full pyspark); spark-submit and the jobs' Python come from $(VENV).

@@ -34,6 +34,13 @@ os.environ.update(
 )
 
 
+# `make test` runs the Spark tests in two pytest processes at once (the Makefile's lanes), the
+# ``families`` tests and the others, so that a family's Spark run is made in one of them only. The
+# demo's runs (tokenized, packed, mixed) and the preference run are small, and the few family tests
+# that also use them make their own.
+FAMILY_FIXTURES = frozenset({"family_demo"})
+
+
 @pytest.hookimpl(tryfirst=True)  # before the mark plugin's, which deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs the SparkSession (its fixtures do) is a ``spark`` test, marked or not:
@@ -45,13 +52,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
         if FAMILY_FIXTURES & fixtures:
             item.add_marker(pytest.mark.families)
-
-
-# `make test` runs the Spark tests in two pytest processes at once (the Makefile's lanes), the
-# ``families`` tests and the others, so that a family's Spark run is made in one of them only. The
-# demo's runs (tokenized, packed, mixed) and the preference run are small, and the few family tests
-# that also use them make their own.
-FAMILY_FIXTURES = frozenset({"family_demo"})
 
 
 TEST_SPARK = {
