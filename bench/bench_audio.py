@@ -209,11 +209,11 @@ def main() -> None:
     every = [c for seconds in args.seconds for c in clips(seconds, missing)]
     with torch_on_one_thread():
         rows = list(map(row, every, timings(every, args.passes, args.min_pass)))
-    versions = {"decoder": audio.DECODER, "transformers": transformers.__version__}
+    versions = {"decoder": audio.decoder(), "transformers": transformers.__version__}
     result = {"machine": machine(), **versions, "skipped": missing, "rows": rows}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "bench_audio.json").write_text(json.dumps(result, indent=2))
-    print(f"{machine()}; {audio.DECODER}; transformers {transformers.__version__}; one core\n")
+    print(f"{machine()}; {audio.decoder()}; transformers {transformers.__version__}; one core\n")
     print(table(rows))
     for name, why in missing.items():
         print(f"\nskipped {name}: no encoder in this FFmpeg build ({why})")

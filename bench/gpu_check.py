@@ -7,7 +7,7 @@ are resolved for it, loader/varlen_kernels.py), its transformers, or the wheels 
 bench/gpu-wheels/ that ``make gpu-check`` installs first (carry them: transformers 5.24 is ~12 MB).
 The data: the demo packed for Qwen2-VL (bench/out/gpu-train-demo-BUDGET/packed) and each
 family's demo packed for its tiny model directory (bench/out/gpu-check-packs/<model_type>/packed),
-both made by ``--prepare`` on a machine with Spark, then carried (~11 MB, media embedded). In order:
+both made by ``--prepare`` on a machine with Spark, then carried (~12 MB, media embedded). In order:
 
 1. ``varlen_report()``: the kernel mmpack_varlen runs on and why, with torch and the device.
 2. Kernels: every kernel this machine resolves, in bf16, forward and backward with GQA (8 query
@@ -36,6 +36,9 @@ import itertools
 import json
 import sys
 import time
+import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,7 @@ from loader.attention import (
     with_model_masks,
 )
 from loader.training import summed_loss
-from loader.varlen_kernels import VarlenKernel, cuda_capability, resolve_kernels
+from loader.varlen_kernels import VarlenKernel, aten_flash_kernel, cuda_capability, resolve_kernels
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12, "L40S": 362e12}  # dense
 
@@ -103,16 +106,21 @@ def check_kernel(
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return round(float((a.float() - b.float()).abs().max()), 5)
+    return round(float((a.detach().float() - b.detach().float()).abs().max()), 5)
 
 
 # -- 3. parity, 4. throughput ----------------------------------------------------------------------
 
 
 def kernels_to_run(cuda: bool) -> list[VarlenKernel]:
-    """What mmpack_varlen can run on here: each resolved kernel, or on a CPU the reference."""
+    """What mmpack_varlen can run on here: each resolved kernel and the FlashAttention-2 op under
+    them, or on a CPU the reference."""
     if cuda:
-        return resolve_kernels(cuda_capability())
+        kernels = resolve_kernels(cuda_capability())
+        aten = aten_flash_kernel()
+        if aten is not None and all(kernel.name != aten.name for kernel in kernels):
+            kernels.append(aten)  # torch 2.4-2.9's path, checked beside varlen_attn
+        return kernels
     return [VarlenKernel("reference_varlen_attn (CPU)", reference_varlen_attn, "smoke run", lambda d: True)]
 
 
@@ -347,12 +355,12 @@ def markdown(results: dict[str, Any]) -> str:
              "", "```", results["varlen_report"], "```", "",
              "| kernel | head dim | window | out diff | bf16 SDPA noise | grad diff | NaN |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for row in results["kernels"]:
+    for row in results.get("kernels", []):
         lines.append(f"| {row['kernel']} | {row['head_dim']} | {tuple(row['window'])} | {row['out_diff']} "
                      f"| {row['out_noise_bf16_sdpa']} | {row['grad_diff']} | {row['nan']} |")  # fmt: skip
     title = "| model | attention | packed vs alone (tiny: vs packed float32 SDPA), max | median |"
     lines += ["", title, "|---|---|---|---|"]
-    for model, summary in results["parity"].items():
+    for model, summary in results.get("parity", {}).items():
         for name, row in summary.items():
             if isinstance(row, dict) and "refused" in row:
                 lines.append(f"| {model} | {name} | refused: {row['refused']} | |")
@@ -363,14 +371,40 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {model} | leak control (min) | {summary.get('leak_control_min')} | |")
     header = "| batches | attention | real tokens/s | padding | peak GiB | vision share | TFLOP/s | MFU |"
     lines += ["", header, "|---|---|---|---|---|---|---|---|"]
-    for row in results["throughput"]:
+    for row in results.get("throughput", []):
         lines.append(
             f"| {row['batches']} | {row['attention']} | {row.get('real_tokens_per_s', row.get('result'))} "
             f"| {row['padding']:.1%} | {row.get('peak_gib')} | {row.get('vision_share')} "
             f"| {row.get('model_tflops_per_s')} | {row.get('mfu')} |"
         )
-    lines.append(f"\nloader feed: {results['feed']}")
+    lines.append(f"\nloader feed: {results.get('feed')}")
+    lines += [f"\nfailed: {name}" for name in results.get("errors", {})]
     return "\n".join(lines) + "\n"
+
+
+class Sections:
+    """Runs the check's parts one by one: a part that raises is recorded (its traceback, under
+    "errors") and the rest still run; the JSON and table are written after every part, so a run cut
+    short by the machine's time limit keeps what it measured."""
+
+    def __init__(self, results: dict[str, Any], started: float) -> None:
+        self.results, self.started = results, started
+
+    def __call__(self, name: str, compute: Callable[[], Any], into: dict[str, Any] | None = None) -> None:
+        """``compute()`` stored as ``name`` in the results (or in ``into``)."""
+        try:
+            (self.results if into is None else into)[name] = compute()
+        except Exception:
+            failure = traceback.format_exc()
+            self.results.setdefault("errors", {})[name] = failure[-3000:]
+            print(failure, file=sys.stderr, flush=True)
+        print(f"gpu-check: {name} done at {time.perf_counter() - self.started:.0f} s", flush=True)
+        self.write()
+
+    def write(self) -> None:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "gpu_check.json").write_text(json.dumps(self.results, indent=2))
+        (OUT / "gpu_check.md").write_text(markdown(self.results))
 
 
 def main() -> None:
@@ -408,29 +442,31 @@ def main() -> None:
     print(results["varlen_report"], flush=True)
     kernels = kernels_to_run(cuda)
     started = time.perf_counter()
-    results["kernels"] = [row for k in kernels for row in check_kernel(k, device, dtype, args.head_dims)]
+    section = Sections(results, started)
+    section(
+        "kernels", lambda: [row for k in kernels for row in check_kernel(k, device, dtype, args.head_dims)]
+    )
     name = "loader-demo" if args.smoke else f"gpu-train-demo-{args.budget}"
     manifest = str(ensure_image_demo(args.demo_samples, budget=args.budget, name=name))
     model = train.build_model(args, device, dtype)
     bins = train.first_bins(manifest, args.bins, smallest=args.smoke)
-    parity_bins = bins[: args.parity_bins]
-    parity = parity_rows(args, model, parity_bins, kernels, device, dtype)
-    results["parity"] = {"qwen2_vl (2B widths)": parity}
+    results["parity"] = {}
+    parity = partial(parity_rows, args, model, bins[: args.parity_bins], kernels, device, dtype)
+    section("qwen2_vl (2B widths)", parity, into=results["parity"])
     packs = [("qwen2_vl", Path(manifest))] if args.smoke else family_packs(args.packs)  # smoke: the demo's
     for model_type, pack in packs:
-        results["parity"][f"{model_type} (tiny)"] = family_parity(
-            model_type, pack, kernels, device, dtype, args.parity_bins
-        )
-    results["throughput"] = throughput_rows(args, model, bins, kernels, device, dtype)
-    results["feed"] = train.feed_rate(manifest, args.workers, args.bins)
+        parity = partial(family_parity, model_type, pack, kernels, device, dtype, args.parity_bins)
+        section(f"{model_type} (tiny)", parity, into=results["parity"])
+    section("throughput", lambda: throughput_rows(args, model, bins, kernels, device, dtype))
+    section("feed", lambda: train.feed_rate(manifest, args.workers, args.bins))
     results["seconds"] = round(time.perf_counter() - started, 1)
     register_varlen()  # as the run found it
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "gpu_check.json").write_text(json.dumps(results, indent=2))
-    table = markdown(results)
-    (OUT / "gpu_check.md").write_text(table)
-    print(table)
-    if any(row["nan"] for row in results["kernels"]) or any(p.get("nan") for p in results["parity"].values()):
+    section.write()
+    print(markdown(results))
+    if results.get("errors"):
+        sys.exit(f"failed: {', '.join(results['errors'])} (tracebacks in {OUT / 'gpu_check.json'})")
+    parity_nan = [summary.get("nan") for summary in results["parity"].values()]
+    if any(row["nan"] for row in results.get("kernels", [])) or any(parity_nan):
         sys.exit("NaN in a kernel's output or a packed sample's hidden states")
 
 

@@ -11,9 +11,10 @@ FFmpeg's decoders and ``swresample`` too, and falls back to soundfile + soxr wit
 soundfile cannot read m4a/AAC or a video's audio track, and soxr resamples differently
 (log-mel values differ by up to ~1 after resampling; none on 16 kHz input, where no stage
 resamples). A processor sees mmpack's features when it is given ``decode``'s waveform, or
-decodes with torchcodec (``docs/models/qwen2_audio.md``). ``DECODER`` names the decoder: pack
+decodes with torchcodec (``docs/models/qwen2_audio.md``). ``decoder()`` names the decoder: pack
 records it in the manifest (``audio_decoder``), a loader decoding with another build refuses
-the pack, and a clip whose feature frames differ from the plan is refused too.
+the pack, and a clip whose feature frames differ from the plan is refused too. PyAV is imported
+on first use: a loader of packs without audio never loads FFmpeg's libraries.
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ import struct
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import av
 import numpy as np
 
 from mmpack_udfs.constants import AUDIO_SAMPLE_RATE
 
+if TYPE_CHECKING:
+    import av
+
 SAMPLE_RATE = AUDIO_SAMPLE_RATE
-DECODER = f"pyav-{av.__version__}/libavcodec-{'.'.join(map(str, av.library_versions['libavcodec']))}"
 # a file is cut when it decodes to less than its header's duration by more than this (seconds,
 # or this share of it): codecs' priming and padding differ by a few milliseconds
 CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE = 0.1, 0.05
@@ -42,13 +44,21 @@ CUT_TOLERANCE_S, CUT_TOLERANCE_SHARE = 0.1, 0.05
 Source = str | bytes  # a local path or the file's bytes
 
 
+@functools.cache
+def decoder() -> str:
+    """The FFmpeg build that decodes here: PyAV's version and its libavcodec's."""
+    import av
+
+    return f"pyav-{av.__version__}/libavcodec-{'.'.join(map(str, av.library_versions['libavcodec']))}"
+
+
 def require_decoder(planned: str | None, where: str) -> None:
     """Refuse to decode a pack's audio with another FFmpeg build than the one its clips were
     counted with (``planned``: the manifest's ``audio_decoder``; None for a pack without audio):
     the waveforms, and so the features, could differ from the plan by a resampler's change."""
-    if planned is not None and planned != DECODER:
+    if planned is not None and planned != decoder():
         raise ValueError(
-            f"{where}: its audio was planned with {planned}, and this loader decodes with {DECODER}: "
+            f"{where}: its audio was planned with {planned}, and this loader decodes with {decoder()}: "
             "install the PyAV the pack was made with (mmpack pins av), or re-run normalize, tokenize "
             "and pack with this one"
         )
@@ -82,6 +92,8 @@ class AudioInfo:
 @contextmanager
 def _opened(source: Source) -> Iterator[tuple[av.container.InputContainer, av.audio.stream.AudioStream]]:
     """The container and its first audio stream; AudioProblem when there is none or it has no decoder."""
+    import av
+
     try:
         container = av.open(io.BytesIO(source) if isinstance(source, bytes) else source, "r")
     except (av.FFmpegError, OSError, ValueError) as err:
@@ -108,6 +120,8 @@ def _reason(err: Exception) -> str:
 def _frames(container, stream, started: list[int]) -> Iterator[av.AudioFrame]:
     """The stream's decoded frames; AudioProblem ``cut`` when decoding fails after some samples
     (``started[0]``: samples so far), ``unreadable`` when it fails before any."""
+    import av
+
     try:
         yield from container.decode(stream)
     except av.FFmpegError as err:
@@ -143,6 +157,8 @@ def probe(source: Source) -> AudioInfo:
 def _resampled(container, stream, sample_rate: int, decoded: list[int]) -> Iterator[np.ndarray]:
     """The stream as float32 mono chunks at ``sample_rate`` (FFmpeg's ``swresample``, its default
     filter and downmix); ``decoded[0]`` counts the samples decoded at the stream's own rate."""
+    import av
+
     resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
     for frame in _frames(container, stream, decoded):
         decoded[0] += frame.samples

@@ -559,7 +559,7 @@ def _audio_media(media: list[dict], family: Family, storage: fs.Storage, pixels:
         if frames != item["grid_t"]:
             raise vision.MediaDecodeError(
                 f"{item['uri']}: {frames} feature frames, the pack planned {item['grid_t']} "
-                f"(this loader decodes with {audio.DECODER})"
+                f"(this loader decodes with {audio.decoder()})"
             )
         features.append(feature)
         masks.append(mask)

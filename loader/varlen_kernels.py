@@ -226,6 +226,16 @@ def resolve_kernels(capability: tuple[int, int] | None) -> list[VarlenKernel]:
     return kernels
 
 
+def aten_flash_kernel() -> VarlenKernel | None:
+    """The FlashAttention-2 op itself (torch 2.4+), or None: what ``resolve_kernels`` calls where
+    torch has no ``varlen_attn`` of a known signature (2.4-2.9), for a GPU check beside it."""
+    op = _aten_flash_forward()
+    if op is None:
+        return None
+    why = f"torch {torch.__version__}'s FlashAttention-2 op (2.4+), called directly"
+    return VarlenKernel("aten._flash_attention_forward", _aten_kernel(op), why, fa2_head_dim)
+
+
 def kernel_for(kernels: list[VarlenKernel], head_dim: int) -> VarlenKernel | None:
     """The first of ``kernels`` that takes ``head_dim``."""
     return next((kernel for kernel in kernels if kernel.takes_head_dim(head_dim)), None)

@@ -696,9 +696,9 @@ def build_manifest(
 
 
 def audio_decoder(config: Config) -> str | None:
-    """The FFmpeg build (``loader.audio.DECODER``) that counted the clips' samples, which the
+    """The FFmpeg build (``loader.audio.decoder()``) that counted the clips' samples, which the
     loader must decode with too; None for a family that encodes no audio."""
-    return audio.DECODER if "audio" in FAMILIES[config.profile.kind].modalities else None
+    return audio.decoder() if "audio" in FAMILIES[config.profile.kind].modalities else None
 
 
 def write_cost_index(

@@ -180,7 +180,7 @@ def test_the_manifest_names_the_decoder_and_another_is_refused(qwen2_audio, tmp_
     refuses the pack before a clip's features could differ from the plan."""
     packed = qwen2_audio[0].output / "packed"
     manifest = json.loads((packed / "manifest.json").read_text())
-    assert manifest["audio_decoder"] == audio.DECODER and audio.DECODER.startswith("pyav-")
+    assert manifest["audio_decoder"] == audio.decoder() and audio.decoder().startswith("pyav-")
     copy = tmp_path / "packed"
     shutil.copytree(packed, copy)
     (copy / "manifest.json").write_text(

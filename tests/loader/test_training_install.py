@@ -45,6 +45,7 @@ def test_reading_shards_loads_nothing_of_the_spark_side(packed_demo, tmp_path):
     result = read_with(sys.executable, packed_demo / "packed", tmp_path)
     assert result["steps"] > 0
     assert [name for name in SPARK_SIDE if name in result["modules"]] == []
+    assert "av" not in result["modules"]  # PyAV (FFmpeg's libraries) only for packs with audio
 
 
 @pytest.mark.slow

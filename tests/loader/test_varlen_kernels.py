@@ -263,9 +263,9 @@ def test_the_aten_op_on_meta_tensors_is_differentiable_with_gqa():
     """The real ``aten._flash_attention_forward`` (this torch), through its adapter: the output
     carries FlashAttentionBackward0, which saved the adapter's arguments, and the gradients of K and
     V have the KV heads (GQA summed back)."""
-    op = varlen_kernels._aten_flash_forward()
-    assert op is not None
-    call = varlen_kernels._aten_kernel(op)
+    kernel = varlen_kernels.aten_flash_kernel()  # what gpu_check runs beside varlen_attn
+    assert kernel is not None and kernel.name == "aten._flash_attention_forward"
+    call = kernel.call
     q = torch.randn(64, 8, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(64, 2, 64, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in "kv")
     cu = torch.tensor([0, 20, 64], dtype=torch.int32, device="meta")
