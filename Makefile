@@ -180,7 +180,8 @@ bench-gpu-train: setup
 
 # One device call on a lent GPU machine (no network, its own Python and torch): kernels, per-family
 # parity, throughput (bench/gpu_check.py; README "Check it on your GPU"). No setup: it installs only
-# the wheels carried under bench/gpu-wheels/ (transformers 5.24 where the machine's is older).
+# the wheels carried under bench/gpu-wheels/ (transformers 5.24 where the machine's is older; PyAV for
+# the audio lines' packs).
 GPU_PYTHON ?= python3
 gpu-check:
 	@if ls bench/gpu-wheels/*.whl >/dev/null 2>&1; then \

@@ -4,7 +4,8 @@
 
 It installs nothing and reaches no network: the machine's torch (whatever release: the kernels
 are resolved for it, loader/varlen_kernels.py), its transformers, or the wheels under
-bench/gpu-wheels/ that ``make gpu-check`` installs first (carry them: transformers 5.24 is ~12 MB).
+bench/gpu-wheels/ that ``make gpu-check`` installs first (carry them: transformers 5.24 is ~13 MB;
+PyAV, ~36 MB, only for the audio lines' packs). ``--families-only``: the kernels and tiny families.
 The data: the demo packed for Qwen2-VL (bench/out/gpu-train-demo-BUDGET/packed) and each
 family's demo packed for its tiny model directory (bench/out/gpu-check-packs/<model_type>/packed),
 both made by ``--prepare`` on a machine with Spark, then carried (~12 MB, media embedded). In order:
@@ -219,11 +220,17 @@ def _device_name() -> str:
 
 
 # The families checked on carried packs (``--prepare`` makes them, one tiny model directory each,
-# tests/models/build.py): Qwen3.5 only where flash-linear-attention and causal-conv1d are installed
+# tests/models/build.py): Qwen3.5 only where flash-linear-attention and causal-conv1d are installed;
+# the audio lines' loader needs PyAV (carry its wheel)
 FAMILIES = (
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "llava_onevision", "gemma3",
-    "gemma4", "gemma4_moe", "glm4v", "glm4v_moe",
+    "gemma4", "gemma4_moe", "glm4v", "glm4v_moe", "glm46v", "glm_ocr",
+    "qwen2_audio", "qwen2_5_omni", "qwen3_omni",
 )  # fmt: skip
+TINY_MODEL_TYPE = {
+    "qwen2_5_omni": "qwen2_5_omni_thinker",
+    "qwen3_omni": "qwen3_omni_moe_thinker",
+}  # the thinkers
 FAMILY_BUDGET = {"internvl": 2048, "llava_onevision": 2048}  # a tile is 256 tokens; the rest 1,024
 
 
@@ -270,9 +277,9 @@ def family_packs(root: Path) -> list[tuple[str, Path]]:
     return [(name, root / name / "packed") for name in FAMILIES if (root / name / "packed").exists()]
 
 
-def tiny_family_model(model_type: str, device, dtype) -> torch.nn.Module:
-    """examples/tiny_models.py's random tiny model of ``model_type`` (seed 0), in ``dtype``."""
-    return _tiny_models().tiny_model(model_type, seed=0).to(device, dtype)
+def tiny_family_model(family: str, device, dtype) -> torch.nn.Module:
+    """examples/tiny_models.py's random tiny model of ``family`` (seed 0), in ``dtype``."""
+    return _tiny_models().tiny_model(TINY_MODEL_TYPE.get(family, family), seed=0).to(device, dtype)
 
 
 def _tiny_models():
@@ -283,11 +290,22 @@ def _tiny_models():
 
 
 def packed_hidden(model, batch: PackedBatch, device, dtype) -> torch.Tensor:
-    """The last hidden states of a packed batch, in the attention's form of its masks (Gemma 3)."""
+    """The last hidden states of a packed batch, in the attention's form of its masks (Gemma 3):
+    the whole model's forward (an Omni thinker's ``model`` is its text model alone)."""
     inputs = with_model_masks(train.to_device(batch, device, dtype), model)
-    inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    inputs = {k: v.to(dtype) if k == "input_features" else v for k, v in inputs.items() if k != "labels"}
     with torch.no_grad():
-        return model.model(**inputs).last_hidden_state[0].float()
+        return model(**inputs, output_hidden_states=True).hidden_states[-1][0].float()
+
+
+def family_bins(pack: Path, count: int) -> list[PackedBatch]:
+    """The ``count`` smallest bins of two samples or more, and the smallest with audio where those
+    have none (an audio line's pack)."""
+    bins = train.first_bins(str(pack), count, smallest=True)
+    if not any("input_features" in b for b in bins):
+        several = train.first_bins(str(pack), 10**9, smallest=True)
+        bins += [b for b in several if "input_features" in b][:1]
+    return bins
 
 
 BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
@@ -314,7 +332,7 @@ def family_parity(model_type: str, pack: Path, kernels, device, dtype, count: in
     own differences from it the precision's noise; a leak control (no boundaries; not Gemma 3 or
     4, whose masks carry them); NaN counts. A refusal (Gemma 3 under a varlen kernel, Qwen3.5 without
     its kernels) is a result."""
-    bins = train.first_bins(str(pack), count, smallest=True)
+    bins = family_bins(pack, count)
     reference_model = tiny_family_model(model_type, device, torch.float32)
     try:
         require_sample_isolation(reference_model)
@@ -422,6 +440,7 @@ def main() -> None:
     parser.add_argument("--packs", type=Path, default=OUT / "gpu-check-packs", help="more families' packs")
     parser.add_argument("--family-samples", type=int, default=60, help="--prepare: demo samples a family")
     parser.add_argument("--prepare", action="store_true", help="only make the demo pack (Spark)")
+    parser.add_argument("--families-only", action="store_true", help="kernels and the tiny families' parity")
     args = parse_with_smoke(
         parser, demo_samples=SMOKE_DEMO_SAMPLES, budget=SMOKE_DEMO_BUDGET, bins=1, parity_bins=1,
         batch_sizes=[], workers=0, head_dims=[16],  # padded batches: bench_gpu_train's smoke
@@ -443,22 +462,26 @@ def main() -> None:
     kernels = kernels_to_run(cuda)
     started = time.perf_counter()
     section = Sections(results, started)
-    section(
-        "kernels", lambda: [row for k in kernels for row in check_kernel(k, device, dtype, args.head_dims)]
-    )
-    name = "loader-demo" if args.smoke else f"gpu-train-demo-{args.budget}"
-    manifest = str(ensure_image_demo(args.demo_samples, budget=args.budget, name=name))
-    model = train.build_model(args, device, dtype)
-    bins = train.first_bins(manifest, args.bins, smallest=args.smoke)
+
+    def kernel_rows() -> list[dict[str, Any]]:
+        return [row for k in kernels for row in check_kernel(k, device, dtype, args.head_dims)]
+
+    section("kernels", kernel_rows)
     results["parity"] = {}
-    parity = partial(parity_rows, args, model, bins[: args.parity_bins], kernels, device, dtype)
-    section("qwen2_vl (2B widths)", parity, into=results["parity"])
+    if not args.families_only:
+        name = "loader-demo" if args.smoke else f"gpu-train-demo-{args.budget}"
+        manifest = str(ensure_image_demo(args.demo_samples, budget=args.budget, name=name))
+        model = train.build_model(args, device, dtype)
+        bins = train.first_bins(manifest, args.bins, smallest=args.smoke)
+        parity = partial(parity_rows, args, model, bins[: args.parity_bins], kernels, device, dtype)
+        section("qwen2_vl (2B widths)", parity, into=results["parity"])
     packs = [("qwen2_vl", Path(manifest))] if args.smoke else family_packs(args.packs)  # smoke: the demo's
     for model_type, pack in packs:
         parity = partial(family_parity, model_type, pack, kernels, device, dtype, args.parity_bins)
         section(f"{model_type} (tiny)", parity, into=results["parity"])
-    section("throughput", lambda: throughput_rows(args, model, bins, kernels, device, dtype))
-    section("feed", lambda: train.feed_rate(manifest, args.workers, args.bins))
+    if not args.families_only:
+        section("throughput", lambda: throughput_rows(args, model, bins, kernels, device, dtype))
+        section("feed", lambda: train.feed_rate(manifest, args.workers, args.bins))
     results["seconds"] = round(time.perf_counter() - started, 1)
     register_varlen()  # as the run found it
     section.write()
