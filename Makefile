@@ -12,7 +12,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 OUT    ?= demo-out
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup java browser demo test test-fast test-unit-lane test-families test-pipeline-then-airflow test-airflow airflow-setup lint dist config-docs bench-normalize bench-text bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
+.PHONY: setup java browser demo test test-fast test-families test-pipeline-then-airflow test-airflow airflow-setup lint dist config-docs bench-normalize bench-text bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
 
 setup: java $(STAMP)
 
@@ -74,14 +74,12 @@ $(VERL_STAMP): tests/oracles/verl-requirements.txt
 	$(VERL_VENV)/bin/pip install -q -r tests/oracles/verl-requirements.txt
 	touch $@
 
-# The unit tests (no Spark, no torchrun, no benchmark runs): on both cores for `make test-fast`; in
-# `make test`, one process beside the two lanes of the rest (Spark, torchrun, installs, clusters),
-# each lane running its tests one at a time: the tests of the family runs (the `families` marker,
-# tests/conftest.py), and the others followed by the DAG tests. Each lane makes only its own
-# session fixtures' Spark runs; all three fill each other's idle time (JVM start-ups, pip,
-# one-threaded steps). The unit lane (3.6 GB at most) ends while the Spark lanes are below 15 GB.
+# The unit tests (no Spark, no torchrun, no benchmark runs) on both cores. The rest (Spark, torchrun,
+# installs, clusters) in two lanes at once, each running its tests one at a time: the tests of the
+# family runs (the `families` marker, tests/conftest.py), and the others followed by the DAG tests.
+# Each lane makes only its own session fixtures' Spark runs and uses the other's idle time (JVM
+# start-ups, pip, one-threaded steps); both take about as long.
 UNIT_TESTS := -m "not spark and not slow" -n 2 -p no:cacheprovider
-UNIT_LANE_TESTS := -m "not spark and not slow" -p no:cacheprovider
 FAMILY_TESTS := -m "(spark or slow) and families" -p no:cacheprovider
 PIPELINE_TESTS := -m "(spark or slow) and not families" -p no:cacheprovider
 # glibc's malloc serves each block over 32 MB with a fresh mmap and unmaps it when freed, so every
@@ -95,14 +93,12 @@ PYTEST := $(TEST_ENV) $(BIN)/pytest -q
 test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed $(VERL_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
-	@echo "== the three lanes start: $$(date -u +%T)"
-	$(MAKE) --no-print-directory -j3 --output-sync=target test-unit-lane test-families test-pipeline-then-airflow
-	@echo "== the three lanes end: $$(date -u +%T)"
+	$(PYTEST) $(UNIT_TESTS)
+	@echo "== the two lanes start: $$(date -u +%T)"
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-families test-pipeline-then-airflow
+	@echo "== the two lanes end: $$(date -u +%T)"
 
-# `make test`'s three lanes, each one's output printed whole as it ends.
-test-unit-lane: setup $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed
-	$(PYTEST) $(UNIT_LANE_TESTS)
-
+# `make test`'s two lanes, each one's output printed whole as it ends.
 test-families: setup
 	$(PYTEST) $(FAMILY_TESTS)
 
