@@ -16,12 +16,14 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import pyarrow as pa
 
 from mmpack_udfs.config.model import SparkConfig
+from mmpack_udfs.io import class_archive
 
 EXECUTOR_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
@@ -60,9 +62,11 @@ def session_settings(
     master: str | None = None,
     verbose: bool = False,
     input_bytes: int | None = None,
+    java_options: Sequence[str] = (),
 ) -> dict[str, str]:
     """Every Spark setting the session is built with, as strings (pure; easy to test).
-    ``input_bytes``: the size of the run's input files where known (``quick_jit``)."""
+    ``input_bytes``: the size of the run's input files where known (``quick_jit``);
+    ``java_options``: more options for the embedded JVM, before the user's (``class_archive``)."""
     settings = {"spark.app.name": spark_config.app_name}
     if not under_spark_submit():
         settings["spark.master"] = master or spark_config.master
@@ -78,6 +82,7 @@ def session_settings(
         if settings["spark.master"].startswith("local"):
             settings.setdefault(DRIVER_MEMORY, local_driver_memory())
         before = [QUICK_JIT] if quick_jit(spark_config, input_bytes) else []
+        before += java_options
         after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]
         if before or after:
             given = settings.get(DRIVER_JAVA_OPTIONS, "")
@@ -113,7 +118,8 @@ def get_spark(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in EXECUTOR_ENV.items():
         os.environ.setdefault(key, value)
-    settings = session_settings(spark_config, master, verbose, input_bytes)
+    archive = [] if under_spark_submit() else class_archive.java_options()  # its JVM runs already
+    settings = session_settings(spark_config, master, verbose, input_bytes, archive)
     if not verbose and not under_spark_submit() and SparkContext._active_spark_context is None:
         conf = SparkConf().setAll(list(settings.items()))
         SparkContext(conf=conf, gateway=_filtered_gateway(conf))
