@@ -15,7 +15,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: setup java browser demo test test-fast test-families test-pipeline-then-airflow test-airflow airflow-setup lint dist config-docs bench-normalize bench-text bench-image-probe bench-tokenize bench-families bench-pack bench-pack-spark bench-scale bench-loader bench-loader-media bench-balance bench-gpu-train gpu-check bench-energon bench-webdataset clean
 
 # The class archive of the embedded Spark JVM (mmpack_udfs/io/class_archive.py): made once per JDK
-# and Spark (~20 s, ~170 MB under ~/.cache/mmpack/jvm); each fresh local session then starts ~4 s sooner.
+# and Spark (~30 s, ~180 MB under ~/.cache/mmpack/jvm); each fresh local session then starts 3-4 s sooner.
 setup: java $(STAMP)
 	@$(BIN)/python -m mmpack_udfs.io.class_archive >/dev/null
 

@@ -2,8 +2,8 @@
 
 A fresh local Spark session spends most of its start reading, parsing and verifying several
 thousand classes from Spark's jars. Java's CDS maps them from an archive made once instead:
-a fresh session with a small job took 6.5 s instead of 10.4 s of wall time (bench/RESULTS.md,
-"Test suite time"), for every `mmpack` command and every test that starts a JVM.
+a fresh session with a small job took 3.9-4.2 s instead of 7.1-8.4 s (bench/RESULTS.md, "Test
+suite time"), for every `mmpack` command.
 
 Java 17 cannot make the archive while it runs (JDK 19's ``-XX:+AutoCreateSharedArchive``), so
 ``build()`` makes it once, in a JVM of its own: a small job under ``-XX:ArchiveClassesAtExit``,
@@ -77,7 +77,7 @@ def java_options() -> list[str]:
 
 
 def build() -> Path | None:
-    """This machine's archive, made first where there is none (about 20 s: a JVM runs a small job
+    """This machine's archive, made first where there is none (about 30 s: a JVM runs a small job
     and writes what it loaded as it exits); None without a JDK or pyspark, or where the build
     failed (sessions then start as before)."""
     target = archive_path()
