@@ -227,10 +227,6 @@ FAMILIES = (
     "gemma4", "gemma4_moe", "glm4v", "glm4v_moe", "glm46v", "glm_ocr",
     "qwen2_audio", "qwen2_5_omni", "qwen3_omni",
 )  # fmt: skip
-TINY_MODEL_TYPE = {
-    "qwen2_5_omni": "qwen2_5_omni_thinker",
-    "qwen3_omni": "qwen3_omni_moe_thinker",
-}  # the thinkers
 FAMILY_BUDGET = {"internvl": 2048, "llava_onevision": 2048}  # a tile is 256 tokens; the rest 1,024
 
 
@@ -241,8 +237,7 @@ def prepare_packs(root: Path, samples: int) -> None:
     import subprocess
     import tempfile
 
-    sys.path.insert(0, str(train.ROOT))  # the tests' model directories (their published files)
-    from tests.models.build import build_model_dir
+    build_model_dir = _model_dirs().build_model_dir
 
     for model_type in FAMILIES:
         if (root / model_type / "packed" / "manifest.json").exists():
@@ -268,7 +263,7 @@ def _as_qwen2_vl(source: Path, target: Path) -> Path:
     import shutil
 
     shutil.copytree(source, target, dirs_exist_ok=True)
-    (target / "config.json").write_text(json.dumps(_tiny_models().tiny_config("qwen2_vl")))
+    (target / "config.json").write_text(json.dumps(_model_dirs().tiny_models().tiny_config("qwen2_vl")))
     return target
 
 
@@ -278,15 +273,20 @@ def family_packs(root: Path) -> list[tuple[str, Path]]:
 
 
 def tiny_family_model(family: str, device, dtype) -> torch.nn.Module:
-    """examples/tiny_models.py's random tiny model of ``family`` (seed 0), in ``dtype``."""
-    return _tiny_models().tiny_model(TINY_MODEL_TYPE.get(family, family), seed=0).to(device, dtype)
+    """examples/tiny_models.py's random tiny model of ``family``'s model directory (its config's
+    model_type: an Omni directory's is its thinker's), seed 0, in ``dtype``."""
+    dirs = _model_dirs()
+    model_type = dirs.MODELS[family][1] if family in dirs.MODELS else family  # qwen2_vl: _as_qwen2_vl's
+    return dirs.tiny_models().tiny_model(model_type, seed=0).to(device, dtype)
 
 
-def _tiny_models():
-    sys.path.insert(0, str(train.ROOT / "examples"))
-    import tiny_models
+def _model_dirs():
+    """tests/models/build.py: the tests' model directories (their published files), tiny models."""
+    if str(train.ROOT) not in sys.path:
+        sys.path.insert(0, str(train.ROOT))
+    from tests.models import build
 
-    return tiny_models
+    return build
 
 
 def packed_hidden(model, batch: PackedBatch, device, dtype) -> torch.Tensor:
@@ -301,10 +301,10 @@ def packed_hidden(model, batch: PackedBatch, device, dtype) -> torch.Tensor:
 def family_bins(pack: Path, count: int) -> list[PackedBatch]:
     """The ``count`` smallest bins of two samples or more, and the smallest with audio where those
     have none (an audio line's pack)."""
-    bins = train.first_bins(str(pack), count, smallest=True)
+    several = train.first_bins(str(pack), 10**9, smallest=True)  # a family's pack is a few bins
+    bins = several[:count]
     if not any("input_features" in b for b in bins):
-        several = train.first_bins(str(pack), 10**9, smallest=True)
-        bins += [b for b in several if "input_features" in b][:1]
+        bins += [b for b in several[count:] if "input_features" in b][:1]
     return bins
 
 
@@ -475,7 +475,8 @@ def main() -> None:
         bins = train.first_bins(manifest, args.bins, smallest=args.smoke)
         parity = partial(parity_rows, args, model, bins[: args.parity_bins], kernels, device, dtype)
         section("qwen2_vl (2B widths)", parity, into=results["parity"])
-    packs = [("qwen2_vl", Path(manifest))] if args.smoke else family_packs(args.packs)  # smoke: the demo's
+    smoke_pack = args.smoke and not args.families_only
+    packs = [("qwen2_vl", Path(manifest))] if smoke_pack else family_packs(args.packs)  # smoke: the demo's
     for model_type, pack in packs:
         parity = partial(family_parity, model_type, pack, kernels, device, dtype, args.parity_bins)
         section(f"{model_type} (tiny)", parity, into=results["parity"])
