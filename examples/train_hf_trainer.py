@@ -17,7 +17,6 @@ model to ``--out``/final.
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import sys
 from pathlib import Path
@@ -122,25 +121,8 @@ def train_and_report(trainer, args: argparse.Namespace, training: TrainingArgume
         metrics = trainer.evaluate()
         if training.process_index == 0:
             print("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
-    end_ranks(trainer)
+    trainer.end_ranks()  # every rank waits, then the group ends (see its docstring)
     return 0
-
-
-def end_ranks(trainer) -> None:
-    """Wait for every rank, then destroy the process group: a rank that exits with its group
-    alive while another still works can abort in the group's destructor.
-
-    DDP's wrapper goes first. Its reducer holds the group from C++, so a group destroyed while
-    the reducer lives is only really freed when the reducer is, at exit, with the GIL held;
-    the group's destructor then waits for gloo's threads, and one of them may need the GIL to
-    free a finished collective's tensors: a hang (seen in CI, torch 2.13). Freed while the
-    group is still registered, the reducer only drops its reference, and the group's own
-    destructor releases the GIL."""
-    trainer.accelerator.wait_for_everyone()
-    trainer.model_wrapped = trainer.model
-    trainer.accelerator.free_memory()  # forgets the accelerator's DDP wrapper
-    gc.collect()
-    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     args = TrainingArguments("ckpt", per_device_train_batch_size=1, gradient_accumulation_steps=2)
     trainer = PackedTrainer(model=model, args=args, manifest="OUT/packed")
     trainer.train()                              # or train(resume_from_checkpoint=True)
+    trainer.end_ranks()                          # last: every rank waits, the group ends
 
 Run it under ``torchrun`` (or ``accelerate launch``) like any Trainer script. What it
 changes in ``Trainer``, and why:
@@ -44,12 +45,16 @@ whole optimizer step (all micro-batches, all ranks), times the world size. ``Pac
 refuses a preference pack (an SFT loss would train the rejected answers), and
 ``PackedDPOTrainer`` a pack without pairs.
 
+``end_ranks()`` ends a distributed run without the hang that freeing DDP's reducer after its
+gloo group can cause (see its docstring).
+
 transformers, accelerate and torchdata are imported here only: ``import loader`` stays free
 of them.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -431,6 +436,24 @@ class PackedTrainerMixin:
 
     def _loader_file(self) -> str:
         return LOADER_STATE.format(rank=self.args.process_index)
+
+    def end_ranks(self) -> None:
+        """End a distributed run: wait for every rank, then destroy the process group. Call it
+        last: a rank that exits with its group alive while another still works can abort in
+        the group's destructor.
+
+        DDP's wrapper goes first. Its reducer holds the group from C++, so a group destroyed
+        while the reducer lives is only really freed when the reducer is (at exit, or when the
+        trainer is), with the GIL held; the group's destructor then waits for gloo's threads,
+        and one of them may need the GIL to free a finished collective's tensors: a hang (seen
+        in CI, torch 2.13, py-spy: ``~ProcessGroupGloo`` joining a thread in
+        ``~AsyncBarrierWork``). Freed while the group is still registered, the reducer only
+        drops its reference, and the group's own destructor releases the GIL."""
+        self.accelerator.wait_for_everyone()
+        self.model_wrapped = self.model
+        self.accelerator.free_memory()  # forgets the accelerator's DDP wrapper
+        gc.collect()
+        self.accelerator.end_training()
 
 
 def _step_batches(epoch_iterator: Iterator[Any], num_batches: int) -> list[PackedBatch]:

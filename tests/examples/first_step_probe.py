@@ -107,6 +107,7 @@ def main() -> None:
         }
         print(json.dumps(record), flush=True)
     dist.barrier()
+    dist.destroy_process_group()  # here, not at exit: see PackedTrainer.end_ranks
 
 
 if __name__ == "__main__":
