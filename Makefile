@@ -96,6 +96,7 @@ PYTEST := $(TEST_ENV) $(BIN)/pytest -q
 test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed $(VERL_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers of pyproject.toml's [tool.importlinter]
+	@echo "== the unit tests start: $$(date -u +%T)"
 	$(PYTEST) $(UNIT_TESTS)
 	@echo "== the two lanes start: $$(date -u +%T)"
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-families test-pipeline-then-airflow
@@ -122,7 +123,7 @@ airflow-setup: $(AIRFLOW_STAMP)
 $(AIRFLOW_STAMP): airflow/requirements.txt
 	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
 	$(AIRFLOW_VENV)/bin/pip install -q --upgrade pip
-	$(AIRFLOW_VENV)/bin/pip install -q -r airflow/requirements.txt
+	$(AIRFLOW_VENV)/bin/pip install -q --no-compile -r airflow/requirements.txt  # compiled as imported: 28 -> 14 s
 	touch $(AIRFLOW_STAMP)
 
 test-airflow: setup airflow-setup

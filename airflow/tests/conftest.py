@@ -30,6 +30,11 @@ os.environ.update(
     MMPACK_PYTHON=str(PROJECT_VENV / "bin" / "python"),
     PATH=f"{PROJECT_VENV / 'bin'}{os.pathsep}{os.environ['PATH']}",  # spark-submit
 )
+# The test machine's tuning of spark-submit's JVMs (quick compiler, class archive: tests/jvms.py);
+# the DAG's commands stay a deployment's.
+_jvms = subprocess.run([str(PROJECT_VENV / "bin" / "python"), "-m", "tests.jvms"],
+                       cwd=REPO, check=True, capture_output=True, text=True)  # fmt: skip
+os.environ.update(line.split("=", 1) for line in _jvms.stdout.splitlines())
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import HEAP_MALLOC
+from tests.jvms import submit_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = sorted([p.name for p in (ROOT / "bench").glob("bench_*.py")] + ["gpu_check.py"])
@@ -38,7 +39,8 @@ def smoke_runs(tmp_path_factory) -> tuple[dict, subprocess.CompletedProcess]:
     script's outcome, and the runner's own."""
     out = tmp_path_factory.mktemp("bench-out")
     results = out / "smoke-results.json"
-    env = {**os.environ, **HEAP_MALLOC, "MMPACK_BENCH_OUT": str(out), "OMP_NUM_THREADS": "1"}
+    # the JVM tuned like the spark-submit JVMs of the tests (tests/jvms.py): smoke figures mean nothing
+    env = {**os.environ, **HEAP_MALLOC, **submit_env(), "MMPACK_BENCH_OUT": str(out), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(RUNNER), str(results), *run_order(BENCHMARKS)],
         cwd=ROOT,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests import installs
+from tests.jvms import submit_env
 
 
 @pytest.fixture(scope="session")
@@ -23,5 +24,6 @@ def env_archive(installed, tmp_path_factory) -> Path:
 
 
 def clean_env(home: Path) -> dict[str, str]:
-    """A shell with no virtualenv, no PYTHONPATH and no checkout: what a platform job gets."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+    """A shell with no virtualenv, no PYTHONPATH and no checkout: what a platform job gets (its
+    JVMs tuned for the test machine: tests/jvms.py)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", **submit_env()}

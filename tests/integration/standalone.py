@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.jvms import daemon_env
+
 SPARK_CLASS = Path(sys.executable).parent / "spark-class"
 WORKERS = 2
 
@@ -77,7 +79,7 @@ def start_cluster(root: Path, worker_memory: str = "2g") -> Cluster:
     import pyspark
 
     spark_home = str(Path(pyspark.__file__).parent)
-    env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1", **daemon_env()}
     cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web_port}", [])
 
     def launch(name: str, *args: str) -> None:

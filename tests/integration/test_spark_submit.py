@@ -14,6 +14,7 @@ import pytest
 from mmpack_udfs import cli, schemas
 from mmpack_udfs.io import tables
 from tests.conftest import PACKED_DEMO_SETTINGS, set_args
+from tests.jvms import submit_env
 from tools import make_dist
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -23,7 +24,12 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 
 
 def submit(job: str, dist: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        **submit_env(),
+    }
     job_file = str(ROOT / "jobs" / "mmpack_job.py")
     command = [str(SPARK_SUBMIT), "--master", "local[2]", "--py-files", str(dist), job_file, job]
     return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
@@ -67,7 +73,7 @@ def test_spark_submit_bad_config_exits_2(demo, tmp_path):
 def test_the_venv_spark_submit_works_by_absolute_path_without_path(demo, tmp_path):
     """cron, an Airflow worker or an IDE call .venv/bin/spark-submit with a bare PATH."""
     dist = make_dist.build(tmp_path / "dist")
-    bare = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"}
+    bare = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", **submit_env()}
     job = [
         str(SPARK_SUBMIT),
         "--master",

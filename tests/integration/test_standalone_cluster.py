@@ -20,6 +20,7 @@ from mmpack_udfs.demo import data as demo_data
 from tests.conftest import PACKED_DEMO_SETTINGS, set_args
 from tests.integration.conftest import clean_env
 from tests.integration.standalone import ExecutorKiller, free_port, start_cluster
+from tests.jvms import submit_env
 from tests.models.build import build_model_dir
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -71,7 +72,11 @@ def test_an_executor_killed_mid_tokenize_still_gives_identical_shards(cluster, s
                "--set", f"spark.conf.spark.executorEnv.MMPACK_CACHE={executor_cache}"]  # fmt: skip
     killer = ExecutorKiller(ui_port, "tokenize")
     killer.start()
-    env = {**os.environ, "MMPACK_CACHE": "driver-cache"}  # relative to the driver's directory
+    env = {
+        **os.environ,
+        "MMPACK_CACHE": "driver-cache",
+        **submit_env(),
+    }  # cache: relative to the driver's directory
     run = subprocess.run(command, cwd=driver, env=env, capture_output=True, text=True, timeout=900)
     killer.done.set()
     killer.join()
