@@ -36,9 +36,8 @@ os.environ.update(
 
 
 # `make test` runs the Spark tests in two pytest processes at once (the Makefile's lanes), the
-# ``families`` tests and the others, so that a family's Spark run is made in one of them only. The
-# demo's runs (tokenized, packed, mixed) and the preference run are small, and the few family tests
-# that also use them make their own.
+# ``families`` tests and the others, so that a family's Spark run is made in one of them only, and
+# the demo's runs (tokenized, packed, mixed, preference) in the other only (`--setup-plan` shows them).
 FAMILY_FIXTURES = frozenset({"family_demo"})
 
 

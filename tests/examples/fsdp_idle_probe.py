@@ -79,7 +79,7 @@ if __name__ == "__main__":
     code = main()
     # Leave without the interpreter's teardown: once, in CI (torch 2.13), rank 0 aborted there
     # ("terminate called without an active exception", SIGABRT) after every family had passed
-    # and the group was destroyed, freeing what FSDP's device mesh still held of it.
+    # and the group was destroyed (the object whose destructor aborted was not identified).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
