@@ -17,12 +17,12 @@ Results: bench/out/loader_media.json; copy the table into bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from PIL import Image
 
 from loader import PackedDataset, vision
 from loader import dataset as dataset_module
+from mmpack_udfs import cli
 
 VARIANTS = [
     ("today", "float32"),  # original files, the loader as it was before issue 18 (todays_patches)
@@ -61,11 +62,14 @@ def packed_demo(media: str, samples: int, budget: int | None) -> Path:
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(original / "tables", out / "tables")
         config = str(original / "input" / "mmpack.yaml")
-        command = [sys.executable, "-m", "mmpack_udfs.cli", "pack", "--config", config, "--out", str(out),
-                   "--master", "local[2]", "--set", "pack.media=prepared"]  # fmt: skip
+        command = ["pack", "--config", config, "--out", str(out), "--master", "local[2]"]
+        command += ["--set", "pack.media=prepared"]
         if budget is not None:
             command += ["--set", f"pack.budget={budget}"]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        with contextlib.redirect_stdout(io.StringIO()):  # in this process: its Spark session, when it has one
+            code = cli.main(command)
+        if code != 0:
+            raise RuntimeError(f"mmpack pack of the prepared demo under {out} exited {code}")
     return out / "packed"
 
 

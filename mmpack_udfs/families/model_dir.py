@@ -141,6 +141,15 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
+@lru_cache(maxsize=16)
+def added_token_ids(path: str) -> dict[str, int]:
+    """AutoTokenizer's added tokens at ``path`` and their ids (``get_added_vocab``), cached on
+    disk by the directory's content and the libraries' versions: a stage reads a directory's
+    profile without loading its tokenizer (1-4 s) once the directory has been seen."""
+    verdict = cache.cache_dir() / "tokenizer-checks" / f"added-{cache.directory_key(path)}.json"
+    return cache.cached_json(verdict, lambda: {"ids": load_tokenizer(path).get_added_vocab()})["ids"]
+
+
 def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
     defaults = PROFILE_MODELS[kind]().model_dump()
     image_file = _processor_file(path, "preprocessor_config.json", "image_processor")
@@ -251,7 +260,9 @@ def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str,
     """The tokenizer's id of ``token``, which config.json's ``key`` (e.g. ``image_token_id``) must
     be (the model puts the media features where it finds that id)."""
     expected = config.get(key)
-    found = load_tokenizer(path).convert_tokens_to_ids(token)
+    found = added_token_ids(path).get(token)
+    if found is None:  # not an added token: its id in the vocabulary
+        found = load_tokenizer(path).convert_tokens_to_ids(token)
     if expected is not None and found != expected:
         raise ConfigError(
             f"tokenize.model: {source}: config.json {key} {expected} is not the tokenizer's {token} ({found})"

@@ -227,11 +227,12 @@ def adversarial_corpus(seed: int = 0) -> list[str]:
     return fixed + random_texts
 
 
-def _around_added_tokens(path: str) -> list[str]:
-    """Texts with the directory's plain added tokens in every position: alone, repeated,
-    glued to words, whitespace and each other, inside longer tokens' strings."""
-    data = json.loads((Path(path) / "tokenizer.json").read_text())
-    plain = [t["content"] for t in data.get("added_tokens") or [] if not t.get("special")]
+def _around_added_tokens(backend: Any) -> list[str]:
+    """Texts with the plain added tokens of ``backend`` (a ``tokenizers.Tokenizer``, in id
+    order as its tokenizer.json lists them) in every position: alone, repeated, glued to
+    words, whitespace and each other, inside longer tokens' strings."""
+    added = sorted(backend.get_added_tokens_decoder().items())
+    plain = [token.content for _, token in added if not token.special]
     texts = []
     for token in plain:
         texts += [
@@ -252,7 +253,7 @@ def verified(path: str, fallback: Any, key: str, cache: Path, extra: Sequence[st
     ``extra``); the verdict is cached under ``cache`` by ``key`` (directory content and
     library versions)."""
     versions = "|".join(f"{p}={metadata.version(p)}" for p in ("tiktoken", "tokenizers"))
-    texts = [*adversarial_corpus(), *extra, *_around_added_tokens(path)]
+    texts = [*adversarial_corpus(), *extra, *_around_added_tokens(fallback)]
     corpus = hashlib.sha256(json.dumps([versions, *texts]).encode()).hexdigest()[:16]
 
     def identical() -> bool:

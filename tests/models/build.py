@@ -194,26 +194,35 @@ def build_gemma4_tokenizer(target: Path, tokens: dict) -> None:
     (target / "tokenizer_config.json").write_text(json.dumps(tokens["tokenizer_config"], indent=1))
 
 
+@functools.cache  # TikTokenConverter takes ~2 s; GLM-V's four directories share two vocabularies
+def glm_ranks(first: int) -> str:
+    """The first ``first`` GLM-4/4.5 ranks (splintr-rs' ``glm4``) as a ``tokenizers`` JSON,
+    through transformers' ``TikTokenConverter`` with GLM's pre-tokenizer."""
+    import base64
+    import tempfile
+
+    import splintr
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    source = splintr.Tokenizer.from_pretrained("glm4")
+    with tempfile.TemporaryDirectory() as tmp:
+        ranks = Path(tmp) / "glm.tiktoken"
+        lines = (f"{base64.b64encode(source.decode_token_bytes(i)).decode()} {i}" for i in range(first))
+        ranks.write_text("\n".join(lines) + "\n")
+        return TikTokenConverter(vocab_file=str(ranks), pattern=GLM_PATTERN).converted().to_str()
+
+
 def build_glm_tokenizer(target: Path, added: dict) -> None:
     """GLM's byte-level BPE: the real GLM-4/4.5 ranks (splintr-rs' ``glm4`` vocabulary) below
     ``first_id``, through transformers' ``TikTokenConverter``, then the special tokens at
     consecutive ids from ``first_id`` (GLM-4.5's layout at 151329; GLM-OCR's own 59k vocabulary
     is not published in a package: its directory takes the first 59246 GLM-4.5 ranks, its
     special tokens at their published ids)."""
-    import base64
-    import tempfile
-
-    import splintr
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    source, first = splintr.Tokenizer.from_pretrained("glm4"), added["first_id"]
-    with tempfile.TemporaryDirectory() as tmp:
-        ranks = Path(tmp) / "glm.tiktoken"
-        lines = (f"{base64.b64encode(source.decode_token_bytes(i)).decode()} {i}" for i in range(first))
-        ranks.write_text("\n".join(lines) + "\n")
-        backend = TikTokenConverter(vocab_file=str(ranks), pattern=GLM_PATTERN).converted()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    first = added["first_id"]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(glm_ranks(first)))
     tokenizer.add_special_tokens({"additional_special_tokens": [t for t, _ in added["tokens"]]})
     if tokenizer.convert_tokens_to_ids(added["tokens"][0][0]) != first:
         raise RuntimeError(f"GLM's special tokens must start at {first}")
