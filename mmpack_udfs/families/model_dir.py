@@ -142,12 +142,19 @@ def load_tokenizer(path: str):
 
 
 @lru_cache(maxsize=16)
-def added_token_ids(path: str) -> dict[str, int]:
-    """AutoTokenizer's added tokens at ``path`` and their ids (``get_added_vocab``), cached on
-    disk by the directory's content and the libraries' versions: a stage reads a directory's
-    profile without loading its tokenizer (1-4 s) once the directory has been seen."""
-    verdict = cache.cache_dir() / "tokenizer-checks" / f"added-{cache.directory_key(path)}.json"
-    return cache.cached_json(verdict, lambda: {"ids": load_tokenizer(path).get_added_vocab()})["ids"]
+def added_tokens(path: str) -> dict[str, Any]:
+    """AutoTokenizer's added tokens at ``path``: ``ids``, each one's id (``get_added_vocab``), and
+    ``plain``, the non-special ones in id order. Cached on disk by the directory's content and
+    the libraries' versions: once a directory has been seen, a stage checks its tokens without
+    loading its tokenizer (1-4 s)."""
+
+    def read() -> dict[str, Any]:
+        tokenizer = load_tokenizer(path)
+        added = sorted(tokenizer.backend_tokenizer.get_added_tokens_decoder().items())
+        return {"ids": tokenizer.get_added_vocab(), "plain": [t.content for _, t in added if not t.special]}
+
+    record = cache.cache_dir() / "tokenizer-checks" / f"added-tokens-{cache.directory_key(path)}.json"
+    return cache.cached_json(record, read)
 
 
 def _qwen_profile(path: str, source: str, kind: str, config: Mapping[str, Any], notes: list[str]) -> dict:
@@ -260,7 +267,7 @@ def _check_token_id(path: str, source: str, config: Mapping[str, Any], key: str,
     """The tokenizer's id of ``token``, which config.json's ``key`` (e.g. ``image_token_id``) must
     be (the model puts the media features where it finds that id)."""
     expected = config.get(key)
-    found = added_token_ids(path).get(token)
+    found = added_tokens(path)["ids"].get(token)
     if found is None:  # not an added token: its id in the vocabulary
         found = load_tokenizer(path).convert_tokens_to_ids(token)
     if expected is not None and found != expected:

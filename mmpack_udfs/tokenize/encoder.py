@@ -94,9 +94,12 @@ class TokenizeSettings:
     def check_tokenizer(self) -> None:
         """Raise ConfigError naming the tokens of the profile's chat format and media spans
         that the tokenizer lacks."""
-        backend = tokenizers.load_backend(self.tokenizer_path, self.tokenizer_json)
         profile = make_family(self.profile_name, self.profile)
-        missing = sorted(t for t in profile.special_tokens() if backend.token_to_id(t) is None)
+        added = model_dir.added_tokens(self.tokenizer_path)["ids"]
+        missing = sorted(t for t in profile.special_tokens() if t not in added)
+        if missing:  # not added tokens: perhaps in the vocabulary
+            backend = tokenizers.load_backend(self.tokenizer_path, self.tokenizer_json)
+            missing = [t for t in missing if backend.token_to_id(t) is None]
         if missing:
             raise ConfigError(
                 f"tokenize.tokenizer: {self.tokenizer_path} has no token {', '.join(missing)}, which "

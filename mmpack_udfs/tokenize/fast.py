@@ -30,7 +30,7 @@ import random
 import re
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -227,12 +227,9 @@ def adversarial_corpus(seed: int = 0) -> list[str]:
     return fixed + random_texts
 
 
-def _around_added_tokens(backend: Any) -> list[str]:
-    """Texts with the plain added tokens of ``backend`` (a ``tokenizers.Tokenizer``, in id
-    order as its tokenizer.json lists them) in every position: alone, repeated, glued to
-    words, whitespace and each other, inside longer tokens' strings."""
-    added = sorted(backend.get_added_tokens_decoder().items())
-    plain = [token.content for _, token in added if not token.special]
+def _around_added_tokens(plain: Sequence[str]) -> list[str]:
+    """Texts with the directory's ``plain`` (non-special) added tokens in every position: alone,
+    repeated, glued to words, whitespace and each other, inside longer tokens' strings."""
     texts = []
     for token in plain:
         texts += [
@@ -248,17 +245,26 @@ def _around_added_tokens(backend: Any) -> list[str]:
     return texts
 
 
-def verified(path: str, fallback: Any, key: str, cache: Path, extra: Sequence[str] = ()) -> bool:
-    """Whether the fast encoder gives ``fallback``'s ids on the adversarial corpus (and
-    ``extra``); the verdict is cached under ``cache`` by ``key`` (directory content and
-    library versions)."""
+def verified(
+    path: str,
+    fallback: Callable[[], Any],
+    plain_added: Sequence[str],
+    key: str,
+    cache: Path,
+    extra: Sequence[str] = (),
+) -> bool:
+    """Whether the fast encoder gives the ids of ``fallback()`` (the backend it stands in for,
+    loaded only when there is no verdict) on the adversarial corpus, the texts around the
+    directory's ``plain_added`` tokens and ``extra``; the verdict is cached under ``cache`` by
+    ``key`` (directory content and library versions)."""
     versions = "|".join(f"{p}={metadata.version(p)}" for p in ("tiktoken", "tokenizers"))
-    texts = [*adversarial_corpus(), *extra, *_around_added_tokens(fallback)]
+    texts = [*adversarial_corpus(), *extra, *_around_added_tokens(plain_added)]
     corpus = hashlib.sha256(json.dumps([versions, *texts]).encode()).hexdigest()[:16]
 
     def identical() -> bool:
-        encoder = load(path, fallback)
-        expected = [e.ids for e in fallback.encode_batch(texts, add_special_tokens=False)]
+        backend = fallback()
+        encoder = load(path, backend)
+        expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
         return encoder is not None and encoder.encode_batch(texts) == expected
 
     verdict = cache / f"fast-{key[:32]}-{corpus}.json"

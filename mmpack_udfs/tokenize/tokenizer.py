@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
-from mmpack_udfs.families.model_dir import load_tokenizer
+from mmpack_udfs.families.model_dir import added_tokens, load_tokenizer
 from mmpack_udfs.io.cache import cache_dir, cached_verdict, directory_key
 
 QWEN2_VL_SPECIAL_TOKENS = [
@@ -169,8 +169,9 @@ def fast_encoder_verified(path: str, from_json: bool) -> bool:
     the driver once per directory content and library versions; ``fast.verified``)."""
     from mmpack_udfs.tokenize import fast
 
-    key = directory_key(path)
-    return fast.verified(path, load_backend(path, from_json), key, cache_dir() / "tokenizer-checks")
+    plain = added_tokens(path)["plain"]
+    backend = partial(load_backend, path, from_json)
+    return fast.verified(path, backend, plain, directory_key(path), cache_dir() / "tokenizer-checks")
 
 
 def json_matches_auto(path: str) -> bool:

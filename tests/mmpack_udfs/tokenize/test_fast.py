@@ -104,7 +104,7 @@ def test_a_port_that_disagrees_is_not_used(builtin, backend, tmp_path, monkeypat
             return [[0] for _ in texts]
 
     monkeypatch.setitem(fast._LOADED, builtin, Wrong())
-    assert fast.verified(builtin, backend, "key", tmp_path) is False
+    assert fast.verified(builtin, lambda: backend, [], "key", tmp_path) is False
 
 
 @pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5"])
