@@ -17,8 +17,6 @@ Results: bench/out/loader_media.json; copy the table into bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import itertools
 import json
 import shutil
@@ -34,13 +32,13 @@ from common import (
     ensure_image_demo,
     machine,
     parse_with_smoke,
+    run_cli,
     timed_tokens,
 )
 from PIL import Image
 
 from loader import PackedDataset, vision
 from loader import dataset as dataset_module
-from mmpack_udfs import cli
 
 VARIANTS = [
     ("today", "float32"),  # original files, the loader as it was before issue 18 (todays_patches)
@@ -66,10 +64,7 @@ def packed_demo(media: str, samples: int, budget: int | None) -> Path:
         command += ["--set", "pack.media=prepared"]
         if budget is not None:
             command += ["--set", f"pack.budget={budget}"]
-        with contextlib.redirect_stdout(io.StringIO()):  # in this process: its Spark session, when it has one
-            code = cli.main(command)
-        if code != 0:
-            raise RuntimeError(f"mmpack pack of the prepared demo under {out} exited {code}")
+        run_cli(command)
     return out / "packed"
 
 

@@ -58,18 +58,26 @@ def ensure_image_demo(samples: int, budget: int | None = None, name: str = "load
     smoke runner's JVM is warm, where a `mmpack demo` process would start its own."""
     out = OUT / name
     if not (out / "packed" / "manifest.json").exists():
-        from mmpack_udfs import cli
         from mmpack_udfs.demo import data as demo_data
 
         demo = demo_data.generate(out / "input", samples=samples)
         command = ["run", "--config", str(demo.config), "--out", str(out), "--master", "local[2]"]
         if budget is not None:
             command += ["--set", f"pack.budget={budget}"]
-        with contextlib.redirect_stdout(io.StringIO()):
-            code = cli.main(command)
-        if code != 0:
-            raise RuntimeError(f"mmpack run of the image demo under {out} exited {code}")
+        run_cli(command)
     return out / "packed"
+
+
+def run_cli(command: list[str]) -> None:
+    """``mmpack COMMAND`` in this process, its summary not printed: in this process's Spark
+    session when it has one (the smoke runner's JVM is warm, where a new `mmpack` process would
+    start its own). A RuntimeError if it exits other than 0."""
+    from mmpack_udfs import cli
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(command)
+    if code != 0:
+        raise RuntimeError(f"mmpack {' '.join(command)} exited {code}")
 
 
 def timed_tokens(tokens_per_item: Iterable[int]) -> dict:

@@ -72,11 +72,7 @@ def test_an_executor_killed_mid_tokenize_still_gives_identical_shards(cluster, s
                "--set", f"spark.conf.spark.executorEnv.MMPACK_CACHE={executor_cache}"]  # fmt: skip
     killer = ExecutorKiller(ui_port, "tokenize")
     killer.start()
-    env = {
-        **os.environ,
-        "MMPACK_CACHE": "driver-cache",
-        **submit_env(),
-    }  # cache: relative to the driver's directory
+    env = {**os.environ, "MMPACK_CACHE": "driver-cache", **submit_env()}  # cache: in the driver's dir
     run = subprocess.run(command, cwd=driver, env=env, capture_output=True, text=True, timeout=900)
     killer.done.set()
     killer.join()
