@@ -229,7 +229,9 @@ def whisper_features(
 
     - ``chunk``: padded with zeros (or cut) to ``n_samples`` (Qwen2-Audio);
     - ``frames``: only the clip's own ``ceil(samples / hop_length)`` frames of that chunk, all kept:
-      the same values, computed from just enough of the zero padding for the last frame's window
+      the same values (to float32 rounding: a matrix product over fewer frames may round an element
+      two units in the last place apart), computed from just enough of the zero padding for the last
+      frame's window
       (Qwen2.5-Omni's encoder reads no frame past a clip's mask, and a 300 s chunk per clip would be
       15 MB of features);
     - ``clip``: the clip zero-padded to ``pad_to`` samples (its sample's longest clip; itself by

@@ -20,7 +20,9 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.transaction import AddAction, create_table_with_add_actions
@@ -30,6 +32,7 @@ from mmpack_udfs.io import fs
 from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 
+BATCH_ROWS_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
 WRITTEN_FILE = pa.schema(
     [
         ("path", pa.string()),
@@ -185,25 +188,31 @@ def write_table(
     rows_per_file: int,
     storage: fs.Storage = fs.LOCAL,
     rows: int | None = None,
+    first_by: Sequence[str] = (),
 ) -> CommitResult:
     """Write ``df`` as Parquet files under ``uri`` and commit them as one Delta transaction.
 
     The same rows always land in the same files with the same bytes: rows are hashed to
-    ``ceil(rows / rows_per_file)`` partitions by ``sort_by`` and sorted inside each.
+    ``ceil(rows / rows_per_file)`` partitions by ``sort_by`` and sorted inside each, in row
+    groups of Spark's Arrow batch size (``spark.sql.execution.arrow.maxRecordsPerBatch``).
     ``rows``: the rows of ``df`` where the caller has counted them already (a Spark job less);
     the files written must hold exactly that many.
+    ``first_by``: keep one row per ``sort_by`` key, the first by these columns (a dedup in
+    the write's own shuffle); ``rows`` must then count the keys.
     """
     previous = committed_run(uri, run_id, mode, storage)
     if previous is not None:
         return previous
     if rows is None:
-        rows = df.count()
+        rows = (df.select(*sort_by).distinct() if first_by else df).count()
     n_files = max(1, math.ceil(rows / rows_per_file)) if rows else 0
     written: list[dict] = []
     if n_files:
         tag = run_tag(run_id)
-        ordered = df.select(*schema.names).repartition(n_files, *sort_by).sortWithinPartitions(*sort_by)
-        writer = _partition_writer(uri, schema, tag, storage)
+        ordered = df.select(*schema.names).repartition(n_files, *sort_by)
+        ordered = ordered.sortWithinPartitions(*sort_by, *first_by)
+        group_rows = int(df.sparkSession.conf.get(BATCH_ROWS_KEY, "10000"))
+        writer = _partition_writer(uri, schema, tag, storage, list(sort_by) if first_by else [], group_rows)
         from pyspark.sql.pandas.types import from_arrow_schema
 
         files = ordered.mapInArrow(releasing(writer), from_arrow_schema(WRITTEN_FILE))
@@ -254,18 +263,61 @@ def run_tag(run_id: str) -> str:
     return hashlib.sha256(run_id.encode()).hexdigest()[:16]
 
 
-def _partition_writer(uri: str, schema: pa.Schema, tag: str, storage: fs.Storage):
-    """The mapInArrow function that writes one partition to one Parquet file."""
+def _partition_writer(
+    uri: str, schema: pa.Schema, tag: str, storage: fs.Storage, unique_by: list[str], group_rows: int
+):
+    """The mapInArrow function that writes one partition to one Parquet file; with
+    ``unique_by``, only the first row of each key (batches sorted by it), in row groups of
+    ``group_rows`` rows as Spark would have batched them."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         name = f"part-{TaskContext.get().partitionId():05d}-{tag}.parquet"
+        if unique_by:
+            batches = regroup(first_rows(batches, unique_by), group_rows)
         written = write_part(uri, name, batches, schema, storage)
         if written is not None:
             yield pa.RecordBatch.from_pylist([written], schema=WRITTEN_FILE)
 
     return write
+
+
+def first_rows(batches: Iterable[pa.RecordBatch], key: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """The batches (sorted by ``key``) without the rows whose key equals the row before."""
+    previous: list | None = None
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        columns = [batch.column(name) for name in key]
+        same = np.ones(batch.num_rows - 1, dtype=bool)
+        for column in columns:
+            same &= (
+                pc.equal(column.slice(1), column.slice(0, len(column) - 1))
+                .fill_null(False)
+                .to_numpy(zero_copy_only=False)
+            )
+        keep = np.concatenate([[True], ~same])
+        first = [column[0].as_py() for column in columns]
+        keep[0] = first != previous
+        previous = [column[-1].as_py() for column in columns]
+        yield batch.filter(pa.array(keep))
+
+
+def regroup(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """The same rows in batches of exactly ``rows`` (the last one shorter); ``rows`` < 1: one."""
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        held.append(batch)
+        count += batch.num_rows
+        while rows > 0 and count >= rows:
+            table = pa.Table.from_batches(held)
+            yield from table.slice(0, rows).combine_chunks().to_batches()
+            held = table.slice(rows).to_batches()
+            count -= rows
+    if count:
+        yield from pa.Table.from_batches(held).combine_chunks().to_batches()
 
 
 def commit(

@@ -45,6 +45,7 @@ JSONL_BLOCK = 8 << 20  # bytes of a JSONL split cut into lines at a time
 NEWLINE = ord("\n")
 ASCII_WHITESPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() removes
 LINES = pa.schema([("source_position", pa.int64()), ("raw", pa.string()), ("error", pa.string())])
+MIN_SPLIT_BYTES = 1 << 20  # JSONL byte ranges are cut no smaller than this (jsonl_split_bytes)
 BATCH_BYTES = 32 << 20  # raw records handed on at a time, at most (about: one record may be larger)
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -147,6 +148,14 @@ def _looks_like_json_lines(uri: str, storage: fs.Storage) -> bool:
         return isinstance(json.loads(lines[0]), dict) and len(lines) > 1
     except ValueError:
         return False
+
+
+def jsonl_split_bytes(files: Sequence[InputFile], split_bytes: int, tasks: int) -> int:
+    """The byte ranges' size JSONL files are cut into: ``split_bytes`` at most, smaller where
+    that gives ``tasks`` splits or more (down to ``MIN_SPLIT_BYTES``), so that every core gets
+    several and the read can stay in the task that normalizes (``stage._normalized_rows``)."""
+    total = sum(f.size for f in files if f.format == "jsonl")
+    return min(split_bytes, max(MIN_SPLIT_BYTES, -(-total // max(tasks, 1))))
 
 
 def plan_splits(files: Sequence[InputFile], split_bytes: int, storage: fs.Storage = fs.LOCAL) -> list[Split]:

@@ -2,18 +2,25 @@
 
 input files ──plan (driver)──▶ splits ──read (tasks)──▶ raw records
     ──normalize (tasks: parse, validate, resolve + probe media)──▶ sample | quarantine
-    ──dedupe by sample_id──▶ Delta samples        Delta quarantine
+    ──dedupe by sample_id (in the write's own shuffle)──▶ Delta samples        Delta quarantine
     ──reconcile: read = samples + quarantined + duplicates──▶ report/normalize.json
+
+A task reads its split and normalizes what it read when there are enough splits to keep every
+core busy (JSONL cut into several byte ranges a core); otherwise (a few JSON arrays, Parquet
+row groups or tars) the raw records are shuffled over the cores first, which spreads the media
+probing of one large split.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from functools import partial
 from typing import Any
+
+import pyarrow as pa
 
 from mmpack_udfs import runs, schemas
 from mmpack_udfs.config import Config, config_hash
@@ -27,6 +34,7 @@ from mmpack_udfs.normalize import datasets, inputs, records
 log = logging.getLogger(__name__)
 
 REPORT_NAME = "normalize.json"
+FIRST_BY = ("dataset", "source_file", "source_position")  # which of a sample_id's rows is kept
 
 
 def derive_run_id(config: Config, files: list[inputs.InputFile]) -> str:
@@ -53,9 +61,11 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     settings = records.NormalizeSettings.from_config(
         config.normalize, fs.join(ctx.output, "media"), config.tokenize.use_audio_in_video
     )
-    splits = inputs.plan_splits(files, config.normalize.split_bytes, storage)
-    normalized = _normalized_rows(spark, splits, specs, settings, storage)
-    unique = _unique_samples(spark, normalized, samples_uri, ctx.mode, storage)
+    tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
+    split_bytes = inputs.jsonl_split_bytes(files, config.normalize.split_bytes, tasks)
+    splits = inputs.plan_splits(files, split_bytes, storage)
+    normalized = _normalized_rows(spark, splits, specs, settings, storage, tasks)
+    samples = _new_samples(spark, normalized, samples_uri, ctx.mode, storage)
     common = {
         "run_id": run_id,
         "mode": ctx.mode,
@@ -64,10 +74,16 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     }
     try:
         counts = _kind_counts(normalized)
-        kept = {r["dataset"]: r["count"] for r in unique.groupBy("dataset").count().collect()}
+        kept = _kept_per_dataset(samples)
         quarantined = sum(r["rows"] for r in counts if r["kind"] == schemas.ROW_KIND_QUARANTINE)
-        samples = tables.write_table(
-            unique, samples_uri, schemas.SAMPLES, sort_by=["sample_id"], rows=sum(kept.values()), **common
+        written = tables.write_table(
+            samples,
+            samples_uri,
+            schemas.SAMPLES,
+            sort_by=["sample_id"],
+            first_by=FIRST_BY,
+            rows=sum(kept.values()),
+            **common,
         )
         quarantine = tables.write_table(
             normalized.filter(f"kind = '{schemas.ROW_KIND_QUARANTINE}'"),
@@ -78,31 +94,38 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
             **common,
         )
     finally:
-        unique.unpersist()
         normalized.unpersist()
-    summary = build_summary(run_id, ctx.output, counts, kept, samples, quarantine, len(files), len(splits))
+    summary = build_summary(run_id, ctx.output, counts, kept, written, quarantine, len(files), len(splits))
     summary["seconds"] = round(time.time() - started, 2)
     reconcile(summary)
     runs.publish_summary(ctx, REPORT_NAME, summary, format_summary)
     return summary
 
 
-def _normalized_rows(spark, splits, specs, settings, storage):
+def _normalized_rows(spark, splits, specs, settings, storage, tasks: int):
     """The NORMALIZED DataFrame (one row per record + one per split), persisted on disk."""
     from pyspark import StorageLevel
     from pyspark.sql.pandas.types import from_arrow_schema
 
     split_df = one_task_per_row(spark, inputs.splits_table(splits))
-    raw = split_df.mapInArrow(
-        releasing(partial(inputs.read_splits_batches, storage=storage, specs=specs)),
-        from_arrow_schema(inputs.RAW),
-    )
-    tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
-    normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(
-        releasing(partial(records.normalize_batches, specs=specs, settings=settings, storage=storage)),
-        from_arrow_schema(schemas.NORMALIZED),
-    )
+    normalize = partial(records.normalize_batches, specs=specs, settings=settings, storage=storage)
+    read = partial(inputs.read_splits_batches, storage=storage, specs=specs)
+    if len(splits) >= tasks:  # every core has several splits: normalize where they are read
+        normalized = split_df.mapInArrow(
+            releasing(partial(_read_and_normalize, read=read, normalize=normalize)),
+            from_arrow_schema(schemas.NORMALIZED),
+        )
+    else:
+        raw = split_df.mapInArrow(releasing(read), from_arrow_schema(inputs.RAW))
+        normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(
+            releasing(normalize), from_arrow_schema(schemas.NORMALIZED)
+        )
     return normalized.persist(StorageLevel.DISK_ONLY)
+
+
+def _read_and_normalize(batches: Iterator[pa.RecordBatch], read, normalize) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: split rows in, NORMALIZED batches out (one Python pass, no shuffle)."""
+    return normalize(read(batches))
 
 
 def _kind_counts(normalized) -> list[dict]:
@@ -114,19 +137,22 @@ def _kind_counts(normalized) -> list[dict]:
     return [r.asDict() for r in grouped.collect()]
 
 
-def _unique_samples(spark, normalized, samples_uri, mode, storage):
-    """One row per sample_id (the first by source order); in append mode, only new ids."""
-    from pyspark import StorageLevel
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
+def _new_samples(spark, normalized, samples_uri, mode, storage):
+    """The valid samples, duplicates included; in append mode only ids the table lacks."""
     samples = normalized.filter(f"kind = '{schemas.ROW_KIND_SAMPLE}'").select(*schemas.SAMPLES.names)
-    first = Window.partitionBy("sample_id").orderBy("dataset", "source_file", "source_position")
-    unique = samples.withColumn("_n", F.row_number().over(first)).filter("_n = 1").drop("_n")
     if mode == "append" and tables.open_table(samples_uri, storage) is not None:
         existing = tables.read_table(spark, samples_uri, storage).select("sample_id")
-        unique = unique.join(existing, "sample_id", "left_anti")
-    return unique.persist(StorageLevel.DISK_ONLY)
+        samples = samples.join(existing, "sample_id", "left_anti")
+    return samples
+
+
+def _kept_per_dataset(samples) -> dict[str, int]:
+    """Samples kept per dataset: each sample_id counts once, for the dataset of its first row
+    by ``FIRST_BY`` (the row the write keeps). Only ids and source places are shuffled."""
+    from pyspark.sql import functions as F
+
+    first = samples.groupBy("sample_id").agg(F.min(F.struct(*FIRST_BY)).alias("first"))
+    return {r["dataset"]: r["count"] for r in first.groupBy("first.dataset").count().collect()}
 
 
 def build_summary(run_id, output, counts, kept, samples, quarantine, n_files, n_splits) -> dict:

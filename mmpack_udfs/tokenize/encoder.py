@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -57,6 +58,8 @@ class TokenizeSettings:
     fast_encoder: bool = False  # workers may encode with the tiktoken port (proven on the driver)
     model_source: str | None = None  # an s3:// tokenize.model: each machine fetches its own copy
     model_files: model_dir.RemoteFiles = ()  # its files as the run start listed them
+    # the profile's special tokens' ids (checked on the driver): workers need no backend for them
+    special_ids: tuple[tuple[str, int], ...] = ()
 
     def on_this_machine(self, storage) -> TokenizeSettings:
         """These settings with the tokenizer directory present on this machine: an s3:// model
@@ -86,26 +89,30 @@ class TokenizeSettings:
             model_source=model.source if remote else None,
             model_files=model.files if remote else (),
         )
-        settings.check_tokenizer()
         return dataclasses.replace(
-            settings, fast_encoder=tokenizers.fast_encoder_verified(path, settings.tokenizer_json)
+            settings,
+            special_ids=tuple(sorted(settings.special_token_ids().items())),
+            fast_encoder=tokenizers.fast_encoder_verified(path, settings.tokenizer_json),
         )
 
-    def check_tokenizer(self) -> None:
-        """Raise ConfigError naming the tokens of the profile's chat format and media spans
-        that the tokenizer lacks."""
+    def special_token_ids(self) -> dict[str, int]:
+        """The ids of the tokens of the profile's chat format and media spans; ConfigError
+        naming those the tokenizer lacks."""
         profile = make_family(self.profile_name, self.profile)
         added = model_dir.added_tokens(self.tokenizer_path)["ids"]
-        missing = sorted(t for t in profile.special_tokens() if t not in added)
+        ids = {t: added[t] for t in profile.special_tokens() if t in added}
+        missing = sorted(profile.special_tokens() - ids.keys())
         if missing:  # not added tokens: perhaps in the vocabulary
             backend = tokenizers.load_backend(self.tokenizer_path, self.tokenizer_json)
-            missing = [t for t in missing if backend.token_to_id(t) is None]
+            ids |= {t: backend.token_to_id(t) for t in missing if backend.token_to_id(t) is not None}
+            missing = [t for t in missing if t not in ids]
         if missing:
             raise ConfigError(
                 f"tokenize.tokenizer: {self.tokenizer_path} has no token {', '.join(missing)}, which "
                 f"profile '{self.profile_name}' (tokenize.profile) renders turns or media with; use "
                 "a tokenizer of that model family or a profile that matches the tokenizer"
             )
+        return ids
 
 
 class Piece(NamedTuple):
@@ -139,24 +146,37 @@ class Tokenized:
 
 
 class SampleTokenizer:
-    """Built once per Python worker: holds the tokenizer, the profile and its token ids."""
+    """Built once per Python worker: holds the tokenizer, the profile and its token ids. With
+    the fast encoder, the ``tokenizers`` backend is loaded only when a batch needs it (texts
+    with role headers inside, characters unknown to Python): text-only chat loads none."""
 
     def __init__(self, settings: TokenizeSettings) -> None:
         self.settings = settings
-        self.backend = tokenizers.load_backend(settings.tokenizer_path, settings.tokenizer_json)
         self.fast = (
-            fast.load(settings.tokenizer_path, self.backend, proven=True) if settings.fast_encoder else None
+            fast.load(settings.tokenizer_path, self._load_backend, proven=True)
+            if settings.fast_encoder
+            else None
         )
         self.profile: Family = make_family(settings.profile_name, settings.profile)
-        self.special = {tok: self._token_id(tok) for tok in self.profile.special_tokens()}
+        self.special = dict(settings.special_ids) or {
+            tok: self._token_id(tok) for tok in self.profile.special_tokens()
+        }
         self._constants: dict[str, tuple[int, ...]] = {}
+
+    @cached_property
+    def backend(self):
+        """The ``tokenizers`` backend (``tokenizer.load_backend``), on first use."""
+        return self._load_backend()
+
+    def _load_backend(self):
+        return tokenizers.load_backend(self.settings.tokenizer_path, self.settings.tokenizer_json)
 
     def _constant(self, text: str) -> tuple[int, ...]:
         """Ids of a template string that recurs in every sample (role headers, newlines, the
         default system prompt), encoded once: it is its own segment between special tokens."""
         ids = self._constants.get(text)
         if ids is None:
-            ids = tuple(self.backend.encode(text, add_special_tokens=False).ids)
+            ids = tuple(self._encode_plain([text])[0])
             self._constants[text] = ids
         return ids
 

@@ -128,16 +128,17 @@ def _unknown_to_python() -> re.Pattern:
 
 
 class FastEncoder:
-    """``encode_batch(texts) -> list[list[int]]``, equal to ``fallback`` (a ``tokenizers``
-    backend encoding special-token strings as text), several times faster."""
+    """``encode_batch(texts) -> list[list[int]]``, equal to the ``tokenizers`` backend it stands
+    in for (encoding special-token strings as text), several times faster. ``load_fallback()``
+    gives that backend, called only for texts this encoder cannot normalize itself."""
 
-    def __init__(self, bpe: Bpe, fallback: Any) -> None:
+    def __init__(self, bpe: Bpe, load_fallback: Callable[[], Any]) -> None:
         import tiktoken
 
         self.encoding = tiktoken.Encoding(
             "mmpack-bpe", pat_str=bpe.pattern, mergeable_ranks=bpe.ranks, special_tokens={}
         )
-        self.nfc, self.fallback = bpe.nfc, fallback
+        self.nfc, self.load_fallback = bpe.nfc, load_fallback
         self.added = dict(bpe.added)
         # leftmost-longest, as tokenizers matches added tokens
         longest_first = sorted(self.added, key=len, reverse=True)
@@ -184,7 +185,7 @@ class FastEncoder:
                 prepared.append(unicodedata.normalize("NFC", text))
         out = [encode(text) for text in prepared]
         if slow:
-            exact = self.fallback.encode_batch([texts[i] for i in slow], add_special_tokens=False)
+            exact = self.load_fallback().encode_batch([texts[i] for i in slow], add_special_tokens=False)
             for i, encoding in zip(slow, exact, strict=True):
                 out[i] = encoding.ids
         return out
@@ -193,12 +194,13 @@ class FastEncoder:
 _LOADED: dict[str, FastEncoder | None] = {}
 
 
-def load(path: str, fallback: Any, proven: bool = False) -> FastEncoder | None:
+def load(path: str, load_fallback: Callable[[], Any], proven: bool = False) -> FastEncoder | None:
     """The fast encoder of the tokenizer directory ``path``, once per process (None when its
-    tokenizer.json does not qualify). ``proven``: the driver has verified it (workers)."""
+    tokenizer.json does not qualify). ``load_fallback()``: the backend it stands in for, once
+    per process (``tokenizer.load_backend``). ``proven``: the driver has verified it (workers)."""
     if path not in _LOADED:
         bpe, _ = bpe_of(json.loads((Path(path) / "tokenizer.json").read_text()), check_merges=not proven)
-        _LOADED[path] = FastEncoder(bpe, fallback) if bpe is not None else None
+        _LOADED[path] = FastEncoder(bpe, load_fallback) if bpe is not None else None
     return _LOADED[path]
 
 
@@ -263,7 +265,7 @@ def verified(
 
     def identical() -> bool:
         backend = fallback()
-        encoder = load(path, backend)
+        encoder = load(path, fallback)
         expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
         return encoder is not None and encoder.encode_batch(texts) == expected
 

@@ -118,6 +118,21 @@ def test_a_new_run_id_rewrites_byte_identical_files(spark, demo, first_run):
     assert after == before  # same partition → same bytes, only the names carry the run id
 
 
+def test_splits_normalized_where_they_are_read_give_the_same_files(spark, demo, first_run):
+    """Cut into many splits, the demo is normalized in the tasks that read it (no shuffle of
+    raw records); its duplicates are dropped in the write: the tables are byte for byte those
+    of the first run, which shuffled its few splits."""
+    out, summary = first_run
+    tasks = 2 * spark.sparkContext.defaultParallelism
+    names = ("samples", "quarantine")
+    before = {name: files_by_partition(table_uri(str(out), name)) for name in names}
+    split = demo_run(demo, out, "run_id=read-and-normalized", "normalize.split_bytes=4096")
+    rerun = normalize.run(spark, split)
+    assert summary["splits"] < tasks <= rerun["splits"]
+    assert rerun["totals"] == summary["totals"] and rerun["totals"]["duplicates"] > 0
+    assert {name: files_by_partition(table_uri(str(out), name)) for name in names} == before
+
+
 def test_append_a_second_dataset_counts_existing_samples_as_duplicates(spark, demo, tmp_path):
     out = tmp_path / "out"
     first = only_dataset(demo_run(demo, out), "sharegpt_jsonl")

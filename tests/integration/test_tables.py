@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
@@ -17,9 +20,16 @@ def frame(spark, n, offset=0):
     return spark.createDataFrame([(f"k{i:04d}", i) for i in range(offset, offset + n)], "id string, n long")
 
 
-def write(df, uri, run_id, mode="overwrite", storage=fs.LOCAL):
+def write(df, uri, run_id, mode="overwrite", storage=fs.LOCAL, rows_per_file=40):
     return tables.write_table(
-        df, uri, SCHEMA, run_id=run_id, mode=mode, sort_by=["id"], rows_per_file=40, storage=storage
+        df,
+        uri,
+        SCHEMA,
+        run_id=run_id,
+        mode=mode,
+        sort_by=["id"],
+        rows_per_file=rows_per_file,
+        storage=storage,
     )
 
 
@@ -41,6 +51,36 @@ def test_overwrite_append_and_idempotent_run_ids(spark, tmp_path):
     assert got.schema.equals(SCHEMA) and sorted(got.column("id").to_pylist()) == [
         f"k{i:04d}" for i in range(100)
     ]
+
+
+def test_first_by_writes_what_a_write_of_the_first_rows_writes(spark, tmp_path):
+    """A dedup inside the write (``first_by``) keeps each key's first row, in the row groups
+    Spark would have batched the unique rows into: the files are byte for byte those of a
+    write of the unique rows alone, duplicates across batch boundaries included."""
+    previous = spark.conf.get(tables.BATCH_ROWS_KEY)
+    spark.conf.set(tables.BATCH_ROWS_KEY, "7")
+    try:
+        rows = [(f"k{i % 30:04d}", 99 - i) for i in range(100)]  # each key 3 or 4 times
+        deduped = tables.write_table(
+            spark.createDataFrame(rows, "id string, n long"), str(tmp_path / "d"), SCHEMA, run_id="r",
+            mode="overwrite", sort_by=["id"], first_by=["n"], rows_per_file=12,
+        )  # fmt: skip
+        firsts = [(f"k{k:04d}", min(n for key, n in rows if key == f"k{k:04d}")) for k in range(30)]
+        unique = write(
+            spark.createDataFrame(firsts, "id string, n long"), str(tmp_path / "u"), "r", rows_per_file=12
+        )
+    finally:
+        spark.conf.set(tables.BATCH_ROWS_KEY, previous)
+    assert (deduped.rows, deduped.files) == (30, 3) and unique.files == 3
+    got = tables.read_arrow(str(tmp_path / "d")).sort_by("id")
+    assert list(zip(*got.to_pydict().values(), strict=True)) == firsts
+    for a, b in zip(
+        tables.data_files(str(tmp_path / "d"))[1], tables.data_files(str(tmp_path / "u"))[1], strict=True
+    ):
+        assert Path(a).read_bytes() == Path(b).read_bytes()
+        groups = pq.ParquetFile(a).metadata
+        sizes = [groups.row_group(i).num_rows for i in range(groups.num_row_groups)]
+        assert all(size == 7 for size in sizes[:-1]) and 0 < sizes[-1] <= 7
 
 
 def test_empty_frame_makes_an_empty_table(spark, tmp_path):

@@ -142,7 +142,9 @@ def clips(tmp_path_factory) -> dict[str, str]:
 
 def test_the_loaders_features_are_the_extractors_for_the_clip_padded_to_300_s(run, published, clips):
     """The processor pads every clip to 300 s (30,000 frames); the loader computes each clip's own
-    frames, the same values (the thinker reads only those)."""
+    frames, the same values (the thinker reads only those) up to float32 rounding: the mel
+    matrix product over 30,000 frames and over a clip's own may round an element two units in the
+    last place apart (2 of 256 on an AVX-512 machine; none on others)."""
     settings = json.loads((published / "preprocessor_config.json").read_text())
     extractor = WhisperFeatureExtractor(
         **{k: v for k, v in settings.items() if not k.endswith(("_type", "_class"))}
@@ -161,7 +163,7 @@ def test_the_loaders_features_are_the_extractors_for_the_clip_padded_to_300_s(ru
         assert full["input_features"].shape[-1] == 30000
         features, mask = audio.whisper_features(waveform, profile, "frames")
         assert features.shape[-1] == frames == int(mask.sum()) == len(mask)
-        np.testing.assert_array_equal(features, full["input_features"][0][:, :frames])
+        np.testing.assert_array_max_ulp(features, full["input_features"][0][:, :frames], maxulp=2)
 
 
 def test_a_clip_the_processor_would_cut_or_that_gives_no_token_is_refused(run):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import unicodedata
 from pathlib import Path
@@ -41,7 +42,7 @@ def test_the_builtin_tokenizer_normalizes_to_nfc_as_qwen2s_does(tokenizer_json, 
 
 
 def test_the_port_equals_tokenizers_on_the_adversarial_corpus(builtin, backend):
-    encoder = fast.load(builtin, backend)
+    encoder = fast.load(builtin, lambda: backend)
     texts = fast.adversarial_corpus(seed=1)
     assert any(not unicodedata.is_normalized("NFC", t) for t in texts)
     assert any(fast._unknown_to_python().search(t) for t in texts)  # code points newer than Python's
@@ -58,7 +59,7 @@ def test_the_port_equals_tokenizers_on_demo_conversations(builtin, backend, tmp_
         except (ValueError, KeyError, TypeError):
             continue
     assert len(texts) > 300
-    assert fast.load(builtin, backend).encode_batch(texts) == ids(backend, texts)
+    assert fast.load(builtin, lambda: backend).encode_batch(texts) == ids(backend, texts)
 
 
 @pytest.mark.parametrize(
@@ -115,9 +116,36 @@ def test_plain_added_tokens_are_split_out_as_tokenizers_splits_them(name, tmp_pa
 
     path = str(build_model_dir(name, tmp_path / name))
     backend = tokenizers.load_backend(path, from_json=False)
-    encoder = fast.load(path, backend)
+    encoder = fast.load(path, lambda: backend)
     assert encoder is not None and "<think>" in encoder.added
     texts = ["<think>\nwhy\n</think>\n\nbecause", "a<tool_call>{}</tool_call>b", "</think></think>"]
     texts += ["x</think", " <think> ", "café<think>e\u0301", "<|im_start|> text <think>", "none"]
     assert encoder.encode_batch(texts) == ids(backend, texts)
     assert tokenizers.fast_encoder_verified(path, tokenizers.json_matches_auto(path))
+
+
+def test_a_worker_tokenizing_text_only_chat_loads_no_backend(builtin, backend, tmp_path, monkeypatch):
+    """With the port proven, the special tokens' ids come from the driver and the recurring
+    template strings from the port: the tokenizers backend (~1 s a worker) loads only for a
+    text the port hands back (a character unknown to Python), and then gives the same ids."""
+    monkeypatch.setenv("MMPACK_CACHE", str(tmp_path / "cache"))
+    settings = TokenizeSettings.from_config(load_config())
+    assert dict(settings.special_ids) == {t: backend.token_to_id(t) for t, _ in settings.special_ids}
+    fast._LOADED.clear()
+    loads = []
+    load_backend = tokenizers.load_backend
+    monkeypatch.setattr(tokenizers, "load_backend", lambda *a: loads.append(a) or load_backend(*a))
+    tokenizer = SampleTokenizer(settings)
+    sample = {"sample_id": "s", "dataset": "d", "system": None, "media": [], "rejected": None, "weight": 1.0}
+    hello = [{"role": "user", "text": "Hi there"}, {"role": "assistant", "text": "Hello, café!"}]
+    newer = [{"role": "user", "text": "\U0001faf8 new"}, hello[1]]  # newer than this Python's Unicode
+    assert fast._unknown_to_python().search(newer[0]["text"])
+    (plain,), _ = tokenizer.tokenize([{**sample, "turns": hello}])
+    assert loads == []
+    (slow,), _ = tokenizer.tokenize([{**sample, "turns": newer}])
+    assert len(loads) == 1
+    reference = SampleTokenizer(dataclasses.replace(settings, fast_encoder=False, special_ids=()))
+    for got, turns in ((plain, hello), (slow, newer)):
+        (want,), _ = reference.tokenize([{**sample, "turns": turns}])
+        assert got.input_ids.tolist() == want.input_ids.tolist()
+        assert got.labels.tolist() == want.labels.tolist()
