@@ -153,7 +153,7 @@ def added_tokens(path: str) -> dict[str, Any]:
         added = sorted(tokenizer.backend_tokenizer.get_added_tokens_decoder().items())
         return {"ids": tokenizer.get_added_vocab(), "plain": [t.content for _, t in added if not t.special]}
 
-    record = cache.cache_dir() / "tokenizer-checks" / f"added-tokens-{cache.directory_key(path)}.json"
+    record = cache.checks_dir() / f"added-tokens-{cache.directory_key(path)}.json"
     return cache.cached_json(record, read)
 
 

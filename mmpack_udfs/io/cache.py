@@ -20,6 +20,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MMPACK_CACHE", Path.home() / ".cache" / "mmpack"))
 
 
+def checks_dir() -> Path:
+    """Where verdicts and facts about tokenizer directories are cached (by their content)."""
+    return cache_dir() / "tokenizer-checks"
+
+
 def cached_verdict(verdict: Path, name: str, check: Callable[[], bool], **facts: str) -> bool:
     """The verdict ``name`` saved in the file ``verdict``, or ``check()``'s, saved there with
     ``facts`` (atomically; a read-only cache only costs the check again next time)."""

@@ -238,3 +238,13 @@ def normalize_batches(
         for start in range(0, batch.num_rows, CHUNK_ROWS):
             rows = [normalizer(raw) for raw in batch.slice(start, CHUNK_ROWS).to_pylist()]
             yield pa.RecordBatch.from_pylist(rows, schema=NORMALIZED)
+
+
+def read_and_normalize(
+    batches: Iterator[pa.RecordBatch],
+    read: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    normalize: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: split rows in, NORMALIZED batches out, read and normalized in one pass
+    (``read``: ``inputs.read_splits_batches``, ``normalize``: ``normalize_batches``, bound)."""
+    return normalize(read(batches))

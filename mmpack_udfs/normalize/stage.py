@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from functools import partial
 from typing import Any
-
-import pyarrow as pa
 
 from mmpack_udfs import runs, schemas
 from mmpack_udfs.config import Config, config_hash
@@ -112,7 +110,7 @@ def _normalized_rows(spark, splits, specs, settings, storage, tasks: int):
     read = partial(inputs.read_splits_batches, storage=storage, specs=specs)
     if len(splits) >= tasks:  # every core has several splits: normalize where they are read
         normalized = split_df.mapInArrow(
-            releasing(partial(_read_and_normalize, read=read, normalize=normalize)),
+            releasing(partial(records.read_and_normalize, read=read, normalize=normalize)),
             from_arrow_schema(schemas.NORMALIZED),
         )
     else:
@@ -121,11 +119,6 @@ def _normalized_rows(spark, splits, specs, settings, storage, tasks: int):
             releasing(normalize), from_arrow_schema(schemas.NORMALIZED)
         )
     return normalized.persist(StorageLevel.DISK_ONLY)
-
-
-def _read_and_normalize(batches: Iterator[pa.RecordBatch], read, normalize) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: split rows in, NORMALIZED batches out (one Python pass, no shuffle)."""
-    return normalize(read(batches))
 
 
 def _kind_counts(normalized) -> list[dict]:

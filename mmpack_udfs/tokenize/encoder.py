@@ -34,6 +34,7 @@ import pyarrow as pa
 from mmpack_udfs.constants import IGNORE_INDEX as IGNORE
 from mmpack_udfs.errors import ConfigError
 from mmpack_udfs.families import Family, MediaPlan, make_family, model_dir
+from mmpack_udfs.io.cache import checks_dir
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import MEDIA_PLACEHOLDER, PAIR_SIDES, TOKENIZED
 from mmpack_udfs.tokenize import fast
@@ -153,7 +154,7 @@ class SampleTokenizer:
     def __init__(self, settings: TokenizeSettings) -> None:
         self.settings = settings
         self.fast = (
-            fast.load(settings.tokenizer_path, self._load_backend, proven=True)
+            fast.load(settings.tokenizer_path, self._load_backend, proven=True, cache=checks_dir())
             if settings.fast_encoder
             else None
         )

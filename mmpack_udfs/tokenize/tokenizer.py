@@ -23,7 +23,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 
 from mmpack_udfs.families.model_dir import added_tokens, load_tokenizer
-from mmpack_udfs.io.cache import cache_dir, cached_verdict, directory_key
+from mmpack_udfs.io.cache import cache_dir, cached_verdict, checks_dir, directory_key
 
 QWEN2_VL_SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -171,7 +171,7 @@ def fast_encoder_verified(path: str, from_json: bool) -> bool:
 
     plain = added_tokens(path)["plain"]
     backend = partial(load_backend, path, from_json)
-    return fast.verified(path, backend, plain, directory_key(path), cache_dir() / "tokenizer-checks")
+    return fast.verified(path, backend, plain, directory_key(path), checks_dir())
 
 
 def json_matches_auto(path: str) -> bool:
@@ -180,7 +180,7 @@ def json_matches_auto(path: str) -> bool:
     versions; the verdict is cached under ``cache_dir()``."""
     if not (Path(path) / "tokenizer.json").is_file():
         return False
-    verdict = cache_dir() / "tokenizer-checks" / f"{directory_key(path)}.json"
+    verdict = checks_dir() / f"{directory_key(path)}.json"
     return cached_verdict(
         verdict,
         "matches",

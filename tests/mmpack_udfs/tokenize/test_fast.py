@@ -149,3 +149,26 @@ def test_a_worker_tokenizing_text_only_chat_loads_no_backend(builtin, backend, t
         (want,), _ = reference.tokenize([{**sample, "turns": turns}])
         assert got.input_ids.tolist() == want.input_ids.tolist()
         assert got.labels.tolist() == want.labels.tolist()
+
+
+def test_a_saved_bpe_is_the_parsed_one_and_a_broken_file_is_parsed_again(builtin, backend, tmp_path):
+    """Workers read the port's BPE from the cache (saved by the directory's content) instead of
+    parsing tokenizer.json; what they read is what the parse gives, and an unreadable file
+    costs only the parse."""
+    parsed, _ = fast.bpe_of(json.loads((Path(builtin) / "tokenizer.json").read_text()))
+    fast._LOADED.clear()
+    first = fast.load(builtin, lambda: backend, proven=True, cache=tmp_path)
+    (saved,) = tmp_path.glob("bpe-*.arrow")
+    assert fast.saved_bpe(saved) == parsed
+    fast._LOADED.clear()
+    again = fast.load(builtin, lambda: backend, proven=True, cache=tmp_path)
+    texts = fast.adversarial_corpus(seed=2)
+    assert again.encode_batch(texts) == first.encode_batch(texts) == ids(backend, texts)
+    saved.write_bytes(saved.read_bytes()[:1000])
+    assert fast.saved_bpe(saved) is None
+    fast._LOADED.clear()
+    assert fast.load(builtin, lambda: backend, proven=True, cache=tmp_path).encode_batch(texts) == ids(
+        backend, texts
+    )
+    assert fast.saved_bpe(saved) == parsed  # saved again
+    fast._LOADED.clear()
