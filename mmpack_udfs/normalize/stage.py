@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 REPORT_NAME = "normalize.json"
 FIRST_BY = ("dataset", "source_file", "source_position")  # which of a sample_id's rows is kept
+KEPT = "kept"  # the counts job's rows of samples kept per dataset (not a row kind of NORMALIZED)
 
 
 def derive_run_id(config: Config, files: list[inputs.InputFile]) -> str:
@@ -71,8 +72,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         "storage": storage,
     }
     try:
-        counts = _kind_counts(normalized)
-        kept = _kept_per_dataset(samples)
+        counts, kept = _counts(normalized, samples)
         quarantined = sum(r["rows"] for r in counts if r["kind"] == schemas.ROW_KIND_QUARANTINE)
         written = tables.write_table(
             samples,
@@ -121,13 +121,25 @@ def _normalized_rows(spark, splits, specs, settings, storage, tasks: int):
     return normalized.persist(StorageLevel.DISK_ONLY)
 
 
-def _kind_counts(normalized) -> list[dict]:
+def _counts(normalized, samples) -> tuple[list[dict], dict[str, int]]:
+    """In one Spark job: the rows (and records read) per kind, dataset and reason; and the
+    samples kept per dataset, each sample_id counted once, for the dataset of its first row by
+    ``FIRST_BY`` (the row the write keeps: only ids and source places are shuffled for it)."""
     from pyspark.sql import functions as F
 
     grouped = normalized.groupBy("kind", "dataset", "reason").agg(
         F.count("*").alias("rows"), F.sum("records_read").alias("read")
     )
-    return [r.asDict() for r in grouped.collect()]
+    first = samples.groupBy("sample_id").agg(F.min(F.struct(*FIRST_BY)).alias("first"))
+    kept = first.groupBy(F.col("first.dataset").alias("dataset")).agg(F.count("*").alias("rows"))
+    kept = kept.select(
+        F.lit(KEPT).alias("kind"), "dataset", F.lit(None).cast("string").alias("reason"), "rows",
+        F.lit(None).cast("long").alias("read"),
+    )  # fmt: skip
+    rows = [r.asDict() for r in grouped.unionByName(kept).collect()]
+    return [r for r in rows if r["kind"] != KEPT], {
+        r["dataset"]: r["rows"] for r in rows if r["kind"] == KEPT
+    }
 
 
 def _new_samples(spark, normalized, samples_uri, mode, storage):
@@ -137,15 +149,6 @@ def _new_samples(spark, normalized, samples_uri, mode, storage):
         existing = tables.read_table(spark, samples_uri, storage).select("sample_id")
         samples = samples.join(existing, "sample_id", "left_anti")
     return samples
-
-
-def _kept_per_dataset(samples) -> dict[str, int]:
-    """Samples kept per dataset: each sample_id counts once, for the dataset of its first row
-    by ``FIRST_BY`` (the row the write keeps). Only ids and source places are shuffled."""
-    from pyspark.sql import functions as F
-
-    first = samples.groupBy("sample_id").agg(F.min(F.struct(*FIRST_BY)).alias("first"))
-    return {r["dataset"]: r["count"] for r in first.groupBy("first.dataset").count().collect()}
 
 
 def build_summary(run_id, output, counts, kept, samples, quarantine, n_files, n_splits) -> dict:
