@@ -345,7 +345,11 @@ class NormalizeConfig(Section):
     max_audio_seconds: Seconds = Field(
         1200, description="audio longer than this is quarantined (`audio_too_long`)"
     )
-    split_bytes: PositiveInt = Field(67108864, description="JSONL files are read in byte ranges of this size")
+    split_bytes: PositiveInt = Field(
+        67108864,
+        description="JSONL files are read in byte ranges of at most this size (smaller where that gives "
+        "every core two or more, down to 1 MiB)",
+    )
     rows_per_file: PositiveInt = Field(
         100000, description="target rows per Parquet file of the output tables"
     )

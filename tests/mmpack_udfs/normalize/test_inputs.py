@@ -214,3 +214,17 @@ def test_parquet_values_json_has_no_type_for_are_never_text(tmp_path):
         with pytest.raises(Rejected) as rejected:
             parse_record(record, spec)
         assert rejected.value.reason == Reason.NON_STRING_CONTENT and f"a {kind} value" in str(rejected.value)
+
+
+def test_jsonl_is_cut_finer_where_that_gives_every_task_a_split():
+    def jsonl(size):
+        return inputs.InputFile("d", f"/x/{size}.jsonl", "jsonl", size, 0)
+
+    parquet = inputs.InputFile("d", "/x/p.parquet", "parquet", 1 << 30, 0)
+    mib = 1 << 20
+    assert inputs.jsonl_split_bytes([jsonl(160 * mib)], 64 * mib, 4) == 40 * mib
+    assert inputs.jsonl_split_bytes([jsonl(100 * mib), jsonl(60 * mib)], 64 * mib, 8) == 20 * mib
+    assert inputs.jsonl_split_bytes([jsonl(1 << 40)], 64 * mib, 4) == 64 * mib  # never above the setting
+    assert inputs.jsonl_split_bytes([jsonl(3 * mib), parquet], 64 * mib, 4) == inputs.MIN_SPLIT_BYTES
+    assert inputs.jsonl_split_bytes([jsonl(3 * mib)], 1000, 4) == 1000  # a smaller setting stands
+    assert len(inputs.plan_splits([jsonl(160 * mib)], 40 * mib)) == 4
