@@ -7,7 +7,8 @@ bins; only list offsets are computed. The one per-item Python loop reads media f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,68 @@ TOKENIZED_COLUMNS = [
     "pair_side",
     "weight",
 ]
+
+TOKEN_COLUMNS = ("input_ids", "labels")  # list<int32>: what the JVM carries as bytes (below)
+# the tokenized rows as the shard tasks receive them: the token columns as bytes, which Spark's
+# shuffle, sort and Arrow conversion copy whole instead of value by value
+TOKENIZED_ROWS = pa.schema(
+    [
+        schemas.TOKENIZED.field(name).with_type(pa.binary()) if name in TOKEN_COLUMNS
+        else schemas.TOKENIZED.field(name)
+        for name in TOKENIZED_COLUMNS
+    ]
+)  # fmt: skip
+
+
+def lists_as_bytes(column: pa.Array) -> pa.BinaryArray:
+    """A list<int32> array as binary: each list's values, their bytes in place (no copy)."""
+    values = column.flatten()
+    offsets = column.offsets.to_numpy().astype(np.int64)
+    starts = ((offsets - offsets[0]) * 4).astype(np.int32)
+    data = values.buffers()[1].slice(values.offset * 4, len(values) * 4)
+    return pa.BinaryArray.from_buffers(pa.binary(), len(column), [None, pa.py_buffer(starts), data])
+
+
+def bytes_as_lists(column: pa.Array) -> pa.ListArray:
+    """``lists_as_bytes`` undone: the list<int32> array (no copy of the values)."""
+    offsets = np.frombuffer(column.buffers()[1], np.int32)[column.offset : column.offset + len(column) + 1]
+    offsets = offsets.astype(np.int64)
+    first, total = int(offsets[0]), int(offsets[-1] - offsets[0]) // 4
+    values = pa.Array.from_buffers(pa.int32(), total, [None, column.buffers()[2].slice(first, total * 4)])
+    return pa.ListArray.from_arrays(pa.array((offsets - first) // 4, pa.int32()), values)
+
+
+def rows_as_bytes(rows: pa.RecordBatch) -> pa.RecordBatch:
+    """Tokenized rows (``TOKENIZED_COLUMNS``) with their token columns as bytes."""
+    columns = [
+        lists_as_bytes(rows.column(n)) if n in TOKEN_COLUMNS else rows.column(n) for n in rows.schema.names
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=TOKENIZED_ROWS)
+
+
+def rows_as_lists(rows: pa.RecordBatch) -> pa.RecordBatch:
+    """Rows with ``TOKENIZED_ROWS``' byte columns (and any others) back to list<int32>."""
+    names = rows.schema.names
+    columns = [bytes_as_lists(rows.column(n)) if n in TOKEN_COLUMNS else rows.column(n) for n in names]
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def read_tokenized_files(
+    batches: Iterator[pa.RecordBatch], storage: fs.Storage, batch_rows: int = 2000
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: runs of tokenized files' URIs in (``uris``), their rows out
+    (``rows_as_bytes``), ``batch_rows`` at a time."""
+    for batch in batches:
+        for uri in itertools.chain.from_iterable(batch.column("uris").to_pylist()):
+            filesystem, path = storage.filesystem(uri)
+            parquet = pq.ParquetFile(filesystem.open_input_file(path))
+            present = [c for c in TOKENIZED_COLUMNS if c in parquet.schema_arrow.names]
+            for rows in parquet.iter_batches(batch_rows, columns=present):
+                if "pair_side" not in present:
+                    rows = rows.append_column("pair_side", pa.nulls(rows.num_rows, pa.string()))
+                if "weight" not in present:
+                    rows = rows.append_column("weight", pa.array(np.ones(rows.num_rows)))
+                yield rows_as_bytes(rows.select(TOKENIZED_COLUMNS))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.families import FAMILIES
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import release_memory, releasing
+from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.pack import costs, mix, pairs, shards
 from mmpack_udfs.pack.ffd import first_fit_decreasing
 from mmpack_udfs.report import pack_report as report
@@ -212,16 +213,16 @@ def _count_column(name: str, column: pa.ChunkedArray) -> pa.Array:
 
 
 def read_rows(spark, tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage):
-    """The tokenized rows the shard tasks build bins from (Spark): ``pair_side`` null and
-    ``weight`` 1 where the table predates them."""
-    from pyspark.sql import functions as F
+    """The tokenized rows the shard tasks build bins from (``shards.TOKENIZED_ROWS``): read by
+    Python tasks (two a core, each a run of the files), the token columns as bytes;
+    ``pair_side`` null and ``weight`` 1 where the table predates them."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    rows = tables.read_table(spark, tokenized_uri, storage, snap=snap)
-    if "pair_side" not in snap.schema.names:
-        rows = rows.withColumn("pair_side", F.lit(None).cast("string"))
-    if "weight" not in snap.schema.names:
-        rows = rows.withColumn("weight", F.lit(1.0).cast("double"))
-    return rows.select(*shards.TOKENIZED_COLUMNS)
+    tasks = min(len(snap.files), 2 * spark.sparkContext.defaultParallelism)
+    groups = [list(files) for files in np.array_split(np.array(snap.files, dtype=object), tasks)]
+    listing = one_task_per_row(spark, pa.table({"uris": pa.array(groups, pa.list_(pa.string()))}))
+    read = partial(shards.read_tokenized_files, storage=storage)
+    return listing.mapInArrow(releasing(read), from_arrow_schema(shards.TOKENIZED_ROWS))
 
 
 def unit_sizes(counts: pa.Table, settings: PackSettings) -> tuple[pairs.Units, np.ndarray, np.ndarray | None]:
@@ -359,7 +360,7 @@ def write_shards(
     → those shards, one result row each. One row group's rows are held at a time, however
     many shards the partition holds (hash partitioning puts several in some) and however
     large a shard is."""
-    runs = rows_by_row_group(batches, settings.bins_per_row_group)
+    runs = rows_by_row_group(map(shards.rows_as_lists, batches), settings.bins_per_row_group)
     for shard, groups in itertools.groupby(runs, key=lambda run: run[0]):
         yield write_placed_shard(
             (rows for _, rows in groups), shard, settings, packed_root, shard_dir, storage

@@ -200,3 +200,32 @@ def test_layout_orders_each_bin_longest_first_then_by_row(unpacked):
     expected = [r for b in order for r in sorted(np.flatnonzero(bin_of == b), key=lambda r: (-lengths[r], r))]
     assert lay.rows.tolist() == expected
     assert np.diff(lay.bin_starts).tolist() == [int((bin_of == b).sum()) for b in order]
+
+
+@pytest.mark.parametrize(("start", "length"), [(0, 40), (7, 20), (39, 1), (13, 0)])
+def test_token_columns_cross_the_jvm_as_their_bytes_and_come_back_the_same(start, length):
+    ids = tokenized_rows(40).column("input_ids").combine_chunks()
+    ids = pa.concat_arrays([ids, pa.array([[], [5]], ids.type)]).slice(start, length)  # empty lists too
+    as_bytes = shards.lists_as_bytes(ids)
+    assert as_bytes.to_pylist() == [np.array(x, "<i4").tobytes() for x in ids.to_pylist()]
+    assert shards.bytes_as_lists(as_bytes).equals(ids)
+    if length > 2:
+        assert shards.bytes_as_lists(as_bytes.slice(2)).equals(ids.slice(2))
+
+
+def test_tokenized_files_are_read_with_the_columns_older_tables_lack(tmp_path):
+    """A Parquet file of an older tokenized table (no pair_side, no weight) reads with pair_side
+    null and weight 1, as a newer one's rows; rows_as_lists gives the token columns back."""
+    rows = tokenized_rows(30).select(shards.TOKENIZED_COLUMNS)
+    pq.write_table(rows.slice(0, 20), tmp_path / "new.parquet")
+    pq.write_table(rows.slice(20).drop_columns(["pair_side", "weight"]), tmp_path / "old.parquet")
+    listing = pa.RecordBatch.from_pylist(
+        [{"uris": [str(tmp_path / "new.parquet"), str(tmp_path / "old.parquet")]}]
+    )
+    batches = list(shards.read_tokenized_files(iter([listing]), fs.LOCAL, batch_rows=8))
+    assert all(b.schema.equals(shards.TOKENIZED_ROWS) for b in batches)
+    got = pa.Table.from_batches([shards.rows_as_lists(b) for b in batches])
+    assert got.column("input_ids").to_pylist() == rows.column("input_ids").to_pylist()
+    assert got.column("labels").to_pylist() == rows.column("labels").to_pylist()
+    assert got.column("pair_side").to_pylist()[20:] == [None] * 10
+    assert got.column("weight").to_pylist() == rows.column("weight").to_pylist()[:20] + [1.0] * 10
