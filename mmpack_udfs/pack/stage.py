@@ -219,7 +219,9 @@ def read_rows(spark, tokenized_uri: str, snap: tables.Snapshot, storage: fs.Stor
     from pyspark.sql.pandas.types import from_arrow_schema
 
     tasks = min(len(snap.files), 2 * spark.sparkContext.defaultParallelism)
-    groups = [list(files) for files in np.array_split(np.array(snap.files, dtype=object), tasks)]
+    groups = (
+        [list(files) for files in np.array_split(np.array(snap.files, dtype=object), tasks)] if tasks else []
+    )
     listing = one_task_per_row(spark, pa.table({"uris": pa.array(groups, pa.list_(pa.string()))}))
     read = partial(shards.read_tokenized_files, storage=storage)
     return listing.mapInArrow(releasing(read), from_arrow_schema(shards.TOKENIZED_ROWS))

@@ -181,6 +181,20 @@ def test_every_row_over_budget_is_a_failed_run_not_an_empty_manifest(spark, demo
     assert not (out / "packed" / "manifest.json").exists()
 
 
+def test_an_empty_tokenized_table_packs_no_bins(spark, demo, tmp_path):
+    """Every record quarantined upstream: the table has no files, and pack says so (no tasks
+    to read it with) instead of failing."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    empty = spark.createDataFrame([], from_arrow_schema(schemas.TOKENIZED))
+    uri = schemas.table_uri(str(tmp_path), "tokenized")
+    tables.write_table(
+        empty, uri, schemas.TOKENIZED, run_id="e", mode="overwrite", sort_by=["sample_id"], rows_per_file=10
+    )
+    summary = run_pack(spark, demo, tmp_path)
+    assert summary["bins"] == 0 and manifest(tmp_path)["shards"] == []
+
+
 def test_second_budget_on_media_items(spark, demo, tokenized_demo, tmp_path):
     out = fresh_output(tokenized_demo, tmp_path)
     run_pack(
