@@ -137,9 +137,8 @@ def _counts(normalized, samples) -> tuple[list[dict], dict[str, int]]:
         F.lit(None).cast("long").alias("read"),
     )  # fmt: skip
     rows = [r.asDict() for r in grouped.unionByName(kept).collect()]
-    return [r for r in rows if r["kind"] != KEPT], {
-        r["dataset"]: r["rows"] for r in rows if r["kind"] == KEPT
-    }
+    kept_per_dataset = {r["dataset"]: r["rows"] for r in rows if r["kind"] == KEPT}
+    return [r for r in rows if r["kind"] != KEPT], kept_per_dataset
 
 
 def _new_samples(spark, normalized, samples_uri, mode, storage):
