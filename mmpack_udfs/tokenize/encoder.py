@@ -37,7 +37,7 @@ from mmpack_udfs.families import Family, MediaPlan, make_family, model_dir
 from mmpack_udfs.io.cache import checks_dir
 from mmpack_udfs.reasons import Reason, Rejected
 from mmpack_udfs.schemas import MEDIA_PLACEHOLDER, PAIR_SIDES, TOKENIZED
-from mmpack_udfs.tokenize import fast
+from mmpack_udfs.tokenize import fast, plain
 from mmpack_udfs.tokenize import tokenizer as tokenizers
 
 if TYPE_CHECKING:
@@ -163,6 +163,7 @@ class SampleTokenizer:
             tok: self._token_id(tok) for tok in self.profile.special_tokens()
         }
         self._constants: dict[str, tuple[int, ...]] = {}
+        self.plain = plain.PlainChat(self) if plain.applies(self.profile) else None
 
     @cached_property
     def backend(self):
@@ -393,6 +394,33 @@ class SampleTokenizer:
         """Tokenize a batch of samples-table rows; return (tokenized, quarantined) rows."""
         with paused_gc():
             return self._tokenize(samples)
+
+    def tokenize_batch(
+        self, samples: Sequence[Mapping[str, Any]]
+    ) -> tuple[pa.RecordBatch | None, list[Tokenized], list[dict]]:
+        """``tokenize`` as one TOKENIZED batch (None: no row), in the samples' order; plain-ChatML
+        text goes the short way (``plain.PlainChat``). Also returns the rows that went the
+        general way and the quarantined ones."""
+        fast = [i for i, sample in enumerate(samples) if self.plain.eligible(sample)] if self.plain else []
+        with paused_gc():
+            quick, left = self.plain.tokenize([samples[i] for i in fast]) if fast else (None, [])
+            fast_set = set(fast) - {fast[i] for i in left}
+            general = [i for i in range(len(samples)) if i not in fast_set]
+            done, quarantined = self._tokenize([samples[i] for i in general])
+        parts, order = [], []
+        if quick is not None and quick.num_rows:
+            parts.append(quick)
+            order += sorted(fast_set)
+        if done:
+            parts.append(to_record_batch(done))
+            index = {samples[i]["sample_id"]: i for i in general}
+            order += [index[row.parent_id] for row in done]
+        if not parts:
+            return None, done, quarantined
+        rows = pa.Table.from_batches(parts, schema=TOKENIZED)
+        if len(parts) > 1:
+            rows = rows.take(pa.array(np.argsort(order, kind="stable")))
+        return rows.combine_chunks().to_batches()[0], done, quarantined
 
     def _tokenize(self, samples: Sequence[Mapping[str, Any]]) -> tuple[list[Tokenized], list[dict]]:
         done: list[Tokenized] = []

@@ -32,7 +32,7 @@ from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
-from mmpack_udfs.tokenize.encoder import TokenizeSettings, to_record_batch, worker_tokenizer
+from mmpack_udfs.tokenize.encoder import TokenizeSettings, worker_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +168,14 @@ class UnitTask:
                 samples = row_dicts(rows)
                 tally.rows_in += len(samples)
                 begin = time.perf_counter()
-                done, rejected = self.tokenizer.tokenize(samples)
+                batch, done, rejected = self.tokenizer.tokenize_batch(samples)
                 tally.tokenize_seconds += time.perf_counter() - begin
                 tally.quarantined.extend(rejected)
-                tally.parents.update(r.parent_id for r in done)
                 tally.over_length.update(r.parent_id for r in done if r.over_length)
                 tally.reordered.update(r.parent_id for r in done if r.reordered)
-                if done:
-                    yield to_record_batch(done)
+                if batch is not None:
+                    tally.parents.update(batch.column("parent_id").to_pylist())
+                    yield batch
 
 
 def row_dicts(rows: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
