@@ -71,14 +71,17 @@ QUARANTINE = pa.schema(
     ]
 )
 
-# What the normalize step emits per record before the tables are split apart:
-# a sample, a quarantine row, or (one per input split) the count of records read.
+# What the normalize step emits per record before the tables are split apart: a sample, a
+# quarantine row, or (one per input split) the count of records read. Its tasks hand Spark all
+# but the samples, which they write as sorted runs (normalize/sample_runs.py), and a row per run
+# and dataset: the run's file as ``source_file``, its samples of the dataset as ``samples``.
 ROW_KIND_SAMPLE, ROW_KIND_QUARANTINE, ROW_KIND_SPLIT = "sample", "quarantine", "split"
+ROW_KIND_RUN = "run"
 NORMALIZED = pa.schema(
     [pa.field("kind", pa.string(), nullable=False)]
     + [f.with_nullable(True) for f in SAMPLES]
     + [f.with_nullable(True) for f in QUARANTINE if f.name not in SAMPLES.names]
-    + [pa.field("records_read", pa.int64())]
+    + [pa.field("records_read", pa.int64()), pa.field("samples", pa.int64())]
 )
 
 TOKENIZED_MEDIA = pa.struct(

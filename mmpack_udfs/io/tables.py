@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +33,7 @@ from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 
 BATCH_ROWS_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
+METADATA_PREFIX = "mmpack_meta_"  # a commit's own facts (commit's ``metadata``) in its commit info
 WRITTEN_FILE = pa.schema(
     [
         ("path", pa.string()),
@@ -88,6 +89,17 @@ def committed_run(
                 skipped=True,
             )
     raise TableError(f"{uri}: run {run_id} is in the transaction log but its commit is gone")
+
+
+def commit_metadata(uri: str, run_id: str, storage: fs.Storage = fs.LOCAL) -> dict[str, str]:
+    """The ``metadata`` that run ``run_id``'s commit of the table at ``uri`` carries (``commit``)."""
+    table = open_table(uri, storage)
+    for entry in table.history() if table is not None else []:
+        if entry.get("mmpack_run_id") == run_id:
+            return {
+                k.removeprefix(METADATA_PREFIX): v for k, v in entry.items() if k.startswith(METADATA_PREFIX)
+            }
+    raise TableError(f"{uri}: no commit of run {run_id}")
 
 
 def check_readable(table: DeltaTable, uri: str) -> None:
@@ -188,7 +200,6 @@ def write_table(
     rows_per_file: int,
     storage: fs.Storage = fs.LOCAL,
     rows: int | None = None,
-    first_by: Sequence[str] = (),
 ) -> CommitResult:
     """Write ``df`` as Parquet files under ``uri`` and commit them as one Delta transaction.
 
@@ -197,25 +208,22 @@ def write_table(
     groups of Spark's Arrow batch size (``spark.sql.execution.arrow.maxRecordsPerBatch``).
     ``rows``: the rows of ``df`` where the caller has counted them already (a Spark job less);
     the files written must hold exactly that many.
-    ``first_by``: keep one row per ``sort_by`` key, the first by these columns (a dedup in
-    the write's own shuffle); ``rows`` must then count the keys.
     """
     previous = committed_run(uri, run_id, mode, storage)
     if previous is not None:
         return previous
     if rows is None:
-        rows = (df.select(*sort_by).distinct() if first_by else df).count()
+        rows = df.count()
     n_files = max(1, math.ceil(rows / rows_per_file)) if rows else 0
     written: list[dict] = []
     if n_files:
         tag = run_tag(run_id)
-        ordered = df.select(*schema.names).repartition(n_files, *sort_by)
-        ordered = ordered.sortWithinPartitions(*sort_by, *first_by)
-        group_rows = int(df.sparkSession.conf.get(BATCH_ROWS_KEY, "10000"))
-        writer = _partition_writer(uri, schema, tag, storage, list(sort_by) if first_by else [], group_rows)
+        ordered = df.select(*schema.names).repartition(n_files, *sort_by).sortWithinPartitions(*sort_by)
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        files = ordered.mapInArrow(releasing(writer), from_arrow_schema(WRITTEN_FILE))
+        files = ordered.mapInArrow(
+            releasing(_partition_writer(uri, schema, tag, storage)), from_arrow_schema(WRITTEN_FILE)
+        )
         written = [r.asDict() for r in files.collect()]
     total = sum(w["rows"] for w in written)
     if total != rows:
@@ -263,19 +271,13 @@ def run_tag(run_id: str) -> str:
     return hashlib.sha256(run_id.encode()).hexdigest()[:16]
 
 
-def _partition_writer(
-    uri: str, schema: pa.Schema, tag: str, storage: fs.Storage, unique_by: list[str], group_rows: int
-):
-    """The mapInArrow function that writes one partition to one Parquet file; with
-    ``unique_by``, only the first row of each key (batches sorted by it), in row groups of
-    ``group_rows`` rows as Spark would have batched them."""
+def _partition_writer(uri: str, schema: pa.Schema, tag: str, storage: fs.Storage):
+    """The mapInArrow function that writes one partition to one Parquet file."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         name = f"part-{TaskContext.get().partitionId():05d}-{tag}.parquet"
-        if unique_by:
-            batches = regroup(first_rows(batches, unique_by), group_rows)
         written = write_part(uri, name, batches, schema, storage)
         if written is not None:
             yield pa.RecordBatch.from_pylist([written], schema=WRITTEN_FILE)
@@ -329,10 +331,12 @@ def commit(
     mode: str,
     rows: int,
     storage: fs.Storage,
+    metadata: Mapping[str, str] | None = None,
 ) -> int:
-    """Commit ``written`` as one transaction carrying ``run_id``; the table's version after it.
-    A run whose commit still stands is not committed again (a re-run after a kill between two
-    tables' commits, a retried driver): its version is returned."""
+    """Commit ``written`` as one transaction carrying ``run_id`` (and ``metadata``, which
+    ``commit_metadata`` reads back); the table's version after it. A run whose commit still
+    stands is not committed again (a re-run after a kill between two tables' commits, a retried
+    driver): its version is returned."""
     done = committed_run(uri, run_id, mode, storage)
     if done is not None:
         return done.version
@@ -352,6 +356,7 @@ def commit(
             "mmpack_run_id": run_id,
             "mmpack_rows": str(rows),
             "mmpack_files": str(len(actions)),
+            **{METADATA_PREFIX + k: v for k, v in (metadata or {}).items()},
         },
     )
     options = storage.delta_options(uri)

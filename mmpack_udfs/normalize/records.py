@@ -17,9 +17,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mmpack_udfs.io import fs
-from mmpack_udfs.normalize import media
+from mmpack_udfs.normalize import media, sample_runs
 from mmpack_udfs.normalize.preference import parse_preference
 from mmpack_udfs.normalize.sharegpt import (
     Blob,
@@ -30,7 +31,14 @@ from mmpack_udfs.normalize.sharegpt import (
     sample_id,
 )
 from mmpack_udfs.reasons import Reason, Rejected
-from mmpack_udfs.schemas import NORMALIZED, ROW_KIND_QUARANTINE, ROW_KIND_SAMPLE, ROW_KIND_SPLIT
+from mmpack_udfs.schemas import (
+    NORMALIZED,
+    ROW_KIND_QUARANTINE,
+    ROW_KIND_RUN,
+    ROW_KIND_SAMPLE,
+    ROW_KIND_SPLIT,
+    SAMPLES,
+)
 
 if TYPE_CHECKING:
     from mmpack_udfs.config.model import NormalizeConfig
@@ -246,5 +254,33 @@ def read_and_normalize(
     normalize: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: split rows in, NORMALIZED batches out, read and normalized in one pass
-    (``read``: ``inputs.read_splits_batches``, ``normalize``: ``normalize_batches``, bound)."""
+    (``read``: ``inputs.read_splits_batches``, ``normalize``: ``normalize_batches`` or
+    ``samples_as_runs``, bound)."""
     return normalize(read(batches))
+
+
+def samples_as_runs(
+    batches: Iterator[pa.RecordBatch],
+    normalize: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    runs_dir: str,
+    storage: fs.Storage = fs.LOCAL,
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: raw records in, NORMALIZED batches out, but the samples ``normalize``
+    makes of them go to sorted runs under ``runs_dir`` (``sample_runs.RunWriter``): Spark gets
+    the other rows and one ``run`` row per run and dataset, the count of its samples."""
+    from pyspark import TaskContext
+
+    writer = sample_runs.RunWriter(runs_dir, TaskContext.get().partitionId(), storage)
+    for batch in normalize(batches):
+        is_sample = pc.equal(batch.column("kind"), ROW_KIND_SAMPLE)
+        writer.add(batch.filter(is_sample).select(SAMPLES.names))
+        others = batch.filter(pc.invert(is_sample))
+        if others.num_rows:
+            yield others
+    rows = [
+        {"kind": ROW_KIND_RUN, "dataset": dataset, "source_file": uri, "samples": count}
+        for uri, per_dataset in writer.close()
+        for dataset, count in sorted(per_dataset.items())
+    ]
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=NORMALIZED)

@@ -2,7 +2,8 @@
 
 input files ──plan (driver)──▶ splits ──read (tasks)──▶ raw records
     ──normalize (tasks: parse, validate, resolve + probe media)──▶ sample | quarantine
-    ──dedupe by sample_id (in the write's own shuffle)──▶ Delta samples        Delta quarantine
+    samples: sorted runs (files) ──merged by id range, deduped (tasks)──▶ Delta samples
+    quarantine rows (Spark) ──────────────────────────────────────────▶ Delta quarantine
     ──reconcile: read = samples + quarantined + duplicates──▶ report/normalize.json
 
 A task reads its split and normalizes what it read when there are enough splits to keep every
@@ -27,13 +28,12 @@ from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
-from mmpack_udfs.normalize import datasets, inputs, records
+from mmpack_udfs.normalize import datasets, inputs, records, sample_runs
 
 log = logging.getLogger(__name__)
 
 REPORT_NAME = "normalize.json"
-FIRST_BY = ("dataset", "source_file", "source_position")  # which of a sample_id's rows is kept
-KEPT = "kept"  # the counts job's rows of samples kept per dataset (not a row kind of NORMALIZED)
+RUNS_DIR = "_sample_runs"  # under OUT/tables: the samples' sorted runs while a run writes them
 
 
 def derive_run_id(config: Config, files: list[inputs.InputFile]) -> str:
@@ -63,36 +63,32 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     tasks = max(spark.sparkContext.defaultParallelism * 2, 1)
     split_bytes = inputs.jsonl_split_bytes(files, config.normalize.split_bytes, tasks)
     splits = inputs.plan_splits(files, split_bytes, storage)
-    normalized = _normalized_rows(spark, splits, specs, settings, storage, tasks)
-    samples = _new_samples(spark, normalized, samples_uri, ctx.mode, storage)
-    common = {
-        "run_id": run_id,
-        "mode": ctx.mode,
-        "rows_per_file": config.normalize.rows_per_file,
-        "storage": storage,
-    }
+    runs_dir = fs.join(ctx.output, "tables", RUNS_DIR)
+    _remove(runs_dir, storage)  # a killed run's
+    normalized = _normalized_rows(spark, splits, specs, settings, storage, tasks, runs_dir)
+    common = {"run_id": run_id, "mode": ctx.mode, "storage": storage}
     try:
-        counts, kept = _counts(normalized, samples)
+        counts = _counts(normalized)
+        run_files = sorted({r["run"] for r in counts if r["kind"] == schemas.ROW_KIND_RUN})
+        valid = sum(r["samples"] for r in counts if r["kind"] == schemas.ROW_KIND_RUN)
         quarantined = sum(r["rows"] for r in counts if r["kind"] == schemas.ROW_KIND_QUARANTINE)
-        written = tables.write_table(
-            samples,
-            samples_uri,
-            schemas.SAMPLES,
-            sort_by=["sample_id"],
-            first_by=FIRST_BY,
-            rows=sum(kept.values()),
-            **common,
-        )
+        existing = _existing_files(samples_uri, ctx.mode, storage)
+        written, kept = sample_runs.write_samples(
+            spark, run_files, valid, samples_uri, rows_per_file=config.normalize.rows_per_file,
+            existing=existing, **common,
+        )  # fmt: skip
         quarantine = tables.write_table(
             normalized.filter(f"kind = '{schemas.ROW_KIND_QUARANTINE}'"),
             quarantine_uri,
             schemas.QUARANTINE,
             sort_by=["dataset", "source_file", "source_position"],
+            rows_per_file=config.normalize.rows_per_file,
             rows=quarantined,
             **common,
         )
     finally:
         normalized.unpersist()
+    _remove(runs_dir, storage)
     summary = build_summary(run_id, ctx.output, counts, kept, written, quarantine, len(files), len(splits))
     summary["seconds"] = round(time.time() - started, 2)
     reconcile(summary)
@@ -100,54 +96,51 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
     return summary
 
 
-def _normalized_rows(spark, splits, specs, settings, storage, tasks: int):
-    """The NORMALIZED DataFrame (one row per record + one per split), persisted on disk."""
+def _normalized_rows(spark, splits, specs, settings, storage, tasks: int, runs_dir: str):
+    """The NORMALIZED DataFrame (a row per quarantined record, per split and per run of
+    samples written under ``runs_dir``), persisted on disk."""
     from pyspark import StorageLevel
     from pyspark.sql.pandas.types import from_arrow_schema
 
     split_df = one_task_per_row(spark, inputs.splits_table(splits))
     normalize = partial(records.normalize_batches, specs=specs, settings=settings, storage=storage)
+    as_runs = partial(records.samples_as_runs, normalize=normalize, runs_dir=runs_dir, storage=storage)
     read = partial(inputs.read_splits_batches, storage=storage, specs=specs)
     if len(splits) >= tasks:  # every core has several splits: normalize where they are read
         normalized = split_df.mapInArrow(
-            releasing(partial(records.read_and_normalize, read=read, normalize=normalize)),
+            releasing(partial(records.read_and_normalize, read=read, normalize=as_runs)),
             from_arrow_schema(schemas.NORMALIZED),
         )
     else:
         raw = split_df.mapInArrow(releasing(read), from_arrow_schema(inputs.RAW))
         normalized = raw.repartition(tasks, "source_file", "source_position").mapInArrow(
-            releasing(normalize), from_arrow_schema(schemas.NORMALIZED)
+            releasing(as_runs), from_arrow_schema(schemas.NORMALIZED)
         )
     return normalized.persist(StorageLevel.DISK_ONLY)
 
 
-def _counts(normalized, samples) -> tuple[list[dict], dict[str, int]]:
-    """In one Spark job: the rows (and records read) per kind, dataset and reason; and the
-    samples kept per dataset, each sample_id counted once, for the dataset of its first row by
-    ``FIRST_BY`` (the row the write keeps: only ids and source places are shuffled for it)."""
+def _counts(normalized) -> list[dict]:
+    """In one Spark job: the rows, records read and samples per kind, dataset and reason; per
+    run file for the runs (``run``)."""
     from pyspark.sql import functions as F
 
-    grouped = normalized.groupBy("kind", "dataset", "reason").agg(
-        F.count("*").alias("rows"), F.sum("records_read").alias("read")
+    run = F.when(F.col("kind") == schemas.ROW_KIND_RUN, F.col("source_file")).alias("run")
+    grouped = normalized.groupBy("kind", "dataset", "reason", run).agg(
+        F.count("*").alias("rows"), F.sum("records_read").alias("read"), F.sum("samples").alias("samples")
     )
-    first = samples.groupBy("sample_id").agg(F.min(F.struct(*FIRST_BY)).alias("first"))
-    kept = first.groupBy(F.col("first.dataset").alias("dataset")).agg(F.count("*").alias("rows"))
-    kept = kept.select(
-        F.lit(KEPT).alias("kind"), "dataset", F.lit(None).cast("string").alias("reason"), "rows",
-        F.lit(None).cast("long").alias("read"),
-    )  # fmt: skip
-    rows = [r.asDict() for r in grouped.unionByName(kept).collect()]
-    kept_per_dataset = {r["dataset"]: r["rows"] for r in rows if r["kind"] == KEPT}
-    return [r for r in rows if r["kind"] != KEPT], kept_per_dataset
+    return [r.asDict() for r in grouped.collect()]
 
 
-def _new_samples(spark, normalized, samples_uri, mode, storage):
-    """The valid samples, duplicates included; in append mode only ids the table lacks."""
-    samples = normalized.filter(f"kind = '{schemas.ROW_KIND_SAMPLE}'").select(*schemas.SAMPLES.names)
-    if mode == "append" and tables.open_table(samples_uri, storage) is not None:
-        existing = tables.read_table(spark, samples_uri, storage).select("sample_id")
-        samples = samples.join(existing, "sample_id", "left_anti")
-    return samples
+def _existing_files(samples_uri: str, mode: str, storage: fs.Storage) -> list[str]:
+    """The samples table's files whose ids an append leaves out (none for an overwrite)."""
+    if mode != "append" or tables.open_table(samples_uri, storage) is None:
+        return []
+    return tables.data_files(samples_uri, storage)[1]
+
+
+def _remove(folder: str, storage: fs.Storage) -> None:
+    if storage.exists(folder):
+        storage.delete_dir(folder)
 
 
 def build_summary(run_id, output, counts, kept, samples, quarantine, n_files, n_splits) -> dict:
@@ -157,8 +150,8 @@ def build_summary(run_id, output, counts, kept, samples, quarantine, n_files, n_
         d = datasets.setdefault(row["dataset"], {"read": 0, "valid": 0, "quarantined": 0, "reasons": {}})
         if row["kind"] == schemas.ROW_KIND_SPLIT:
             d["read"] += row["read"] or 0
-        elif row["kind"] == schemas.ROW_KIND_SAMPLE:
-            d["valid"] += row["rows"]
+        elif row["kind"] == schemas.ROW_KIND_RUN:
+            d["valid"] += row["samples"]
         else:
             d["quarantined"] += row["rows"]
             d["reasons"][row["reason"]] = d["reasons"].get(row["reason"], 0) + row["rows"]

@@ -10,6 +10,8 @@ import pytest
 from deltalake import write_deltalake
 
 from mmpack_udfs.io import fs, tables
+from mmpack_udfs.normalize import sample_runs
+from mmpack_udfs.schemas import SAMPLES
 
 pytestmark = pytest.mark.spark
 
@@ -53,34 +55,44 @@ def test_overwrite_append_and_idempotent_run_ids(spark, tmp_path):
     ]
 
 
-def test_first_by_writes_what_a_write_of_the_first_rows_writes(spark, tmp_path):
-    """A dedup inside the write (``first_by``) keeps each key's first row, in the row groups
-    Spark would have batched the unique rows into: the files are byte for byte those of a
-    write of the unique rows alone, duplicates across batch boundaries included."""
+def test_samples_merged_from_runs_are_a_spark_write_of_the_first_rows(spark, tmp_path):
+    """normalize's samples write (sorted runs merged by id range, each id's first row kept)
+    gives, byte for byte, the file Spark's write of the unique first rows gives: sorted by
+    sample_id, in row groups of Spark's Arrow batch size, duplicates across runs, spills and
+    batch boundaries included."""
+    from tests.mmpack_udfs.normalize.test_sample_runs import first_rows, samples, write_runs
+
+    rows = samples(400, 170)
+    runs = write_runs(rows, str(tmp_path / "runs"), run_rows=60)
     previous = spark.conf.get(tables.BATCH_ROWS_KEY)
     spark.conf.set(tables.BATCH_ROWS_KEY, "7")
     try:
-        rows = [(f"k{i % 30:04d}", 99 - i) for i in range(100)]  # each key 3 or 4 times
-        deduped = tables.write_table(
-            spark.createDataFrame(rows, "id string, n long"), str(tmp_path / "d"), SCHEMA, run_id="r",
-            mode="overwrite", sort_by=["id"], first_by=["n"], rows_per_file=12,
+        merged, kept = sample_runs.write_samples(
+            spark, runs, len(rows), str(tmp_path / "merged"), rows_per_file=1000, run_id="r",
+            mode="overwrite", existing=[], storage=fs.LOCAL,
         )  # fmt: skip
-        firsts = [(f"k{k:04d}", min(n for key, n in rows if key == f"k{k:04d}")) for k in range(30)]
-        unique = write(
-            spark.createDataFrame(firsts, "id string, n long"), str(tmp_path / "u"), "r", rows_per_file=12
-        )
+        unique = first_rows(rows)
+        frame = spark.createDataFrame(pa.Table.from_pylist(unique, schema=SAMPLES))
+        written = tables.write_table(
+            frame, str(tmp_path / "unique"), SAMPLES, run_id="r", mode="overwrite", sort_by=["sample_id"],
+            rows_per_file=1000,
+        )  # fmt: skip
     finally:
         spark.conf.set(tables.BATCH_ROWS_KEY, previous)
-    assert (deduped.rows, deduped.files) == (30, 3) and unique.files == 3
-    got = tables.read_arrow(str(tmp_path / "d")).sort_by("id")
-    assert list(zip(*got.to_pydict().values(), strict=True)) == firsts
-    for a, b in zip(
-        tables.data_files(str(tmp_path / "d"))[1], tables.data_files(str(tmp_path / "u"))[1], strict=True
-    ):
-        assert Path(a).read_bytes() == Path(b).read_bytes()
-        groups = pq.ParquetFile(a).metadata
-        sizes = [groups.row_group(i).num_rows for i in range(groups.num_row_groups)]
-        assert all(size == 7 for size in sizes[:-1]) and 0 < sizes[-1] <= 7
+    assert (merged.rows, merged.files) == (170, 1) == (written.rows, written.files)
+    assert kept == {d: sum(r["dataset"] == d for r in unique) for d in ("a", "b")}
+    (a,), (b,) = (
+        tables.data_files(str(tmp_path / "merged"))[1],
+        tables.data_files(str(tmp_path / "unique"))[1],
+    )
+    assert Path(a).read_bytes() == Path(b).read_bytes()
+    groups = pq.ParquetFile(a).metadata
+    assert [groups.row_group(i).num_rows for i in range(groups.num_row_groups)] == [7] * 24 + [2]
+    again, kept_again = sample_runs.write_samples(
+        spark, [], 0, str(tmp_path / "merged"), rows_per_file=1000, run_id="r", mode="overwrite",
+        existing=[], storage=fs.LOCAL,
+    )  # fmt: skip
+    assert again.skipped and kept_again == kept  # a re-run finds the commit and its counts
 
 
 def test_empty_frame_makes_an_empty_table(spark, tmp_path):
