@@ -163,7 +163,14 @@ class SampleTokenizer:
             tok: self._token_id(tok) for tok in self.profile.special_tokens()
         }
         self._constants: dict[str, tuple[int, ...]] = {}
-        self.plain = plain.PlainChat(self) if plain.applies(self.profile) else None
+        self.plain = (
+            plain.PlainChat(
+                self.profile, self.special, self._constant, self._encode_plain, self._supervised_turns,
+                settings.max_tokens,
+            )
+            if plain.applies(self.profile)
+            else None
+        )  # fmt: skip
 
     @cached_property
     def backend(self):

@@ -18,7 +18,7 @@ sample over ``max_tokens``, one without a supervised token. The rows are the gen
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +30,6 @@ from mmpack_udfs.schemas import MEDIA_PLACEHOLDER, TOKENIZED
 
 if TYPE_CHECKING:
     from mmpack_udfs.families import Family
-    from mmpack_udfs.tokenize.encoder import SampleTokenizer
 
 ROLES = ("user", "assistant", "function_call", "tool")  # a sample's turns (its system prompt aside)
 
@@ -47,26 +46,33 @@ def applies(profile: Family) -> bool:
 
 
 class PlainChat:
-    """The plain-ChatML rows of a batch (``tokenize``); built once per tokenizer."""
+    """The plain-ChatML rows of a batch (``tokenize``); built once per ``SampleTokenizer``, with
+    its profile, special-token ids, ``constant`` (a template string's ids, encoded once),
+    ``encode`` (texts' ids, one call), ``supervised_turns`` (the turns ``tokenize.loss``
+    supervises) and ``max_tokens``."""
 
-    def __init__(self, tokenizer: SampleTokenizer) -> None:
-        profile, special = tokenizer.profile, tokenizer.special
+    def __init__(
+        self,
+        profile: Family,
+        special: Mapping[str, int],
+        constant: Callable[[str], Sequence[int]],
+        encode: Callable[[list[str]], list[list[int]]],
+        supervised_turns: Callable[[Sequence[Mapping[str, str]]], set[int]],
+        max_tokens: int,
+    ) -> None:
         chat = profile.chat
-        self.tokenizer = tokenizer
+        self.encode, self.supervised_turns, self.max_tokens = encode, supervised_turns, max_tokens
         self.default_system = profile.default_system
         self.bos = [special[token] for token in profile.bos_tokens]
         self.start = special[chat.turn_start]
         self.head = {  # role → its turn's start token and header, as ids
-            role: [self.start, *tokenizer._constant(chat.header(TEMPLATE_ROLE.get(role, role)))]
-            for role in ROLES
+            role: [self.start, *constant(chat.header(TEMPLATE_ROLE.get(role, role)))] for role in ROLES
         }
         self.end = [special[chat.turn_end]]
-        self.separator = list(tokenizer._constant(chat.separator))
+        self.separator = list(constant(chat.separator))
         self.system_head = chat.header("system")
         self.default_system_ids = (
-            None
-            if self.default_system is None
-            else tokenizer._constant(self.system_head + self.default_system)
+            None if self.default_system is None else constant(self.system_head + self.default_system)
         )
 
     def eligible(self, sample: Mapping[str, Any]) -> bool:
@@ -87,7 +93,7 @@ class PlainChat:
         systems = [self._system(sample) for sample in samples]
         texts = [s for s in systems if isinstance(s, str)]
         texts += [turn["text"] for sample in samples for turn in sample["turns"]]
-        encoded = self.tokenizer._encode_plain(texts)
+        encoded = self.encode(texts)
         system_ids = iter(encoded)
         turn_ids = iter(encoded[sum(isinstance(s, str) for s in systems) :])
         compact: list[int] = []  # the batch's ids
@@ -105,7 +111,7 @@ class PlainChat:
                 compact += prefix
                 lengths.append(len(prefix))
                 supervised.append(False)
-            chosen = self.tokenizer._supervised_turns(sample["turns"])
+            chosen = self.supervised_turns(sample["turns"])
             for t, turn in enumerate(sample["turns"]):
                 ids = next(turn_ids)
                 role_head = head[turn["role"]]
@@ -138,7 +144,7 @@ class PlainChat:
         tokens = np.add.reduceat(run_lengths, run_starts) if len(samples) else np.zeros(0, np.int64)
         starts = np.concatenate(([0], np.cumsum(tokens)))
         supervised_tokens = np.add.reduceat(mask, starts[:-1]) if len(samples) else np.zeros(0, np.int64)
-        fits = (tokens <= self.tokenizer.settings.max_tokens) & (supervised_tokens > 0)
+        fits = (tokens <= self.max_tokens) & (supervised_tokens > 0)
         if not fits.all():
             keep = np.repeat(fits, tokens)
             ids, mask = ids[keep], mask[keep]
