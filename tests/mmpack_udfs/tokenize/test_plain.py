@@ -97,7 +97,10 @@ def test_only_plain_chatml_takes_the_short_way():
         assert not plain.applies(profile), name
 
 
-@pytest.mark.parametrize("name", ["text only", "empty system prompt", "unicode and specials-like text", "tools"])
+PLAIN_CASES = ["text only", "empty system prompt", "unicode and specials-like text", "tools"]
+
+
+@pytest.mark.parametrize("name", PLAIN_CASES)
 def test_plain_rows_equal_transformers(name):
     tok = plain_tokenizer()
     s = CASES[name]
