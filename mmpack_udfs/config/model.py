@@ -188,7 +188,8 @@ class SparkConfig(Section):
             "spark.sql.execution.arrow.maxRecordsPerBatch": "2000",
             "spark.ui.showConsoleProgress": "false",
         },
-        description="any Spark setting, passed through as-is (`--set spark.conf.spark.executor.memory=8g`)",
+        description="any Spark setting, passed through as-is (`--set spark.conf.spark.executor.memory=8g`); "
+        "an embedded local session has no web UI unless `spark.ui.enabled` is `true` here",
     )
 
 

@@ -47,6 +47,7 @@ DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 QUICK_JIT = "-XX:TieredStopAtLevel=1"  # C1 only: given first, so a user's own -XX option wins
 QUICK_JIT_INPUT_BYTES = 256 << 20  # spark.quick_jit = null: quick below this much input
 DRIVER_MEMORY = "spark.driver.memory"
+UI_ENABLED = "spark.ui.enabled"  # off for an embedded local run unless the config turns it on
 
 
 def quick_jit(spark_config: SparkConfig, input_bytes: int | None) -> bool:
@@ -81,6 +82,8 @@ def session_settings(
     if not under_spark_submit():  # the embedded JVM starts with ours around the user's options
         if settings["spark.master"].startswith("local"):
             settings.setdefault(DRIVER_MEMORY, local_driver_memory())
+            # a command prints its own progress; the web UI's server costs ~1 s of each start
+            settings.setdefault(UI_ENABLED, "false")
         before = [QUICK_JIT] if quick_jit(spark_config, input_bytes) else []
         before += java_options
         after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]

@@ -32,6 +32,17 @@ def test_a_local_jvm_gets_a_quarter_of_the_machine_unless_the_config_says(monkey
     assert DRIVER_MEMORY not in session_settings(SparkConfig(master="spark://host:7077"))
 
 
+def test_an_embedded_local_run_has_no_web_ui_unless_the_config_asks(monkeypatch):
+    from mmpack_udfs.io.spark import UI_ENABLED
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert session_settings(SparkConfig())[UI_ENABLED] == "false"
+    assert session_settings(SparkConfig(conf={UI_ENABLED: True}))[UI_ENABLED] == "true"
+    assert UI_ENABLED not in session_settings(SparkConfig(master="spark://host:7077"))
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
+    assert UI_ENABLED not in session_settings(SparkConfig())  # spark-submit's
+
+
 def test_spark_submit_keeps_its_own_master(monkeypatch):
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
     settings = session_settings(SparkConfig(), master=None)
