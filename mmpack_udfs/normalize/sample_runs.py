@@ -27,13 +27,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs.io import fs, tables
+from mmpack_udfs.io.memory import release_memory
 from mmpack_udfs.schemas import SAMPLES
 
 FIRST_BY = ("dataset", "source_file", "source_position")  # which of a sample_id's rows is kept
 SORT_KEY = ("sample_id", *FIRST_BY)
-RUN_ROWS = 50_000  # samples a task holds before it writes them as a run
+RUN_ROWS = 10_000  # samples a task holds before it writes them as a run
 RUN_GROUP_ROWS = 1_000  # rows per row group of a run: how finely a range reads it
-MERGE_ROWS = 20_000  # about the rows a file's task holds at a time (it merges its range in parts)
+MERGE_ROWS = 10_000  # about the rows a file's task holds at a time (it merges its range in parts)
 ID_PREFIX_DIGITS = 16  # hex digits of an id that place it in a range
 MERGED = pa.schema(  # a range's file (tables.WRITTEN_FILE) and the samples it kept per dataset
     [*tables.WRITTEN_FILE, ("kept", pa.list_(pa.struct([("dataset", pa.string()), ("rows", pa.int64())])))]
@@ -77,6 +78,8 @@ class RunWriter:
             pq.write_table(table, sink, row_group_size=RUN_GROUP_ROWS, compression="lz4")
         per_dataset = pc.value_counts(table.column("dataset")).to_pylist()
         self.runs.append((uri, {c["values"]: c["counts"] for c in per_dataset}))
+        del table
+        release_memory()
 
 
 def id_ranges(files: int) -> list[tuple[str, str | None]]:
@@ -160,6 +163,8 @@ def merge_range(
             table = table.filter(pc.invert(pc.is_in(table.column("sample_id"), ids.combine_chunks())))
         order = pc.sort_indices(table.select(list(SORT_KEY)), sort_keys=[(k, "ascending") for k in SORT_KEY])
         yield from table.take(order).to_batches()
+        del table
+        release_memory()  # the pool keeps a part's pages otherwise: a worker's peak would be them all
 
 
 def write_range(
