@@ -218,7 +218,13 @@ def write_samples(
 
     previous = tables.committed_run(uri, run_id, mode, storage)
     if previous is not None:  # a re-run after a kill before the quarantine's commit
-        return previous, json.loads(tables.commit_metadata(uri, run_id, storage)[KEPT_KEY])
+        kept = tables.commit_metadata(uri, run_id, storage).get(KEPT_KEY)
+        if kept is None:
+            raise tables.TableError(
+                f"{uri}: run {run_id} committed its samples without their counts (an older mmpack); "
+                "run again with another --run-id"
+            )
+        return previous, json.loads(kept)
     tag = tables.run_tag(run_id)
     group_rows = int(spark.conf.get(tables.BATCH_ROWS_KEY, "10000"))
     files = math.ceil(rows / rows_per_file)
