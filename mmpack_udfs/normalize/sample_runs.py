@@ -32,6 +32,7 @@ from mmpack_udfs.schemas import SAMPLES
 
 FIRST_BY = ("dataset", "source_file", "source_position")  # which of a sample_id's rows is kept
 SORT_KEY = ("sample_id", *FIRST_BY)
+SORT_ORDER = [(k, "ascending") for k in SORT_KEY]
 RUN_ROWS = 10_000  # samples a task holds before it writes them as a run
 RUN_GROUP_ROWS = 1_000  # rows per row group of a run: how finely a range reads it
 MERGE_ROWS = 10_000  # about the rows a file's task holds at a time (it merges its range in parts)
@@ -69,7 +70,7 @@ class RunWriter:
     def _write(self) -> None:
         table = pa.Table.from_batches(self.held).cast(SAMPLES)
         self.held, self.rows = [], 0
-        table = table.take(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in SORT_KEY]))
+        table = table.take(pc.sort_indices(table, sort_keys=SORT_ORDER))
         uri = fs.join(self.folder, f"run-{self.task:05d}-{len(self.runs):04d}.parquet")
         filesystem, path = self.storage.filesystem(uri)
         if not fs.is_s3(uri):
@@ -116,11 +117,9 @@ class SortedFile:
     none). The footer is read once."""
 
     def __init__(self, uri: str, storage: fs.Storage) -> None:
-        self.storage = storage
         self.filesystem, self.path = storage.filesystem(uri)
         with self.filesystem.open_input_file(self.path) as f:
-            self.meta = pq.ParquetFile(f).metadata
-        meta = self.meta
+            self.meta = meta = pq.ParquetFile(f).metadata
         column = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == "sample_id")
         self.bounds = []  # (min, max) sample_id per row group, None where unknown
         for g in range(meta.num_row_groups):
@@ -161,7 +160,7 @@ def merge_range(
                 "sample_id"
             )
             table = table.filter(pc.invert(pc.is_in(table.column("sample_id"), ids.combine_chunks())))
-        order = pc.sort_indices(table.select(list(SORT_KEY)), sort_keys=[(k, "ascending") for k in SORT_KEY])
+        order = pc.sort_indices(table.select(list(SORT_KEY)), sort_keys=SORT_ORDER)
         yield from table.take(order).to_batches()
         del table
         release_memory()  # the pool keeps a part's pages otherwise: a worker's peak would be them all
