@@ -189,7 +189,9 @@ class SparkConfig(Section):
             "spark.ui.showConsoleProgress": "false",
         },
         description="any Spark setting, passed through as-is (`--set spark.conf.spark.executor.memory=8g`); "
-        "an embedded local session has no web UI unless `spark.ui.enabled` is `true` here",
+        "an embedded local session has no web UI unless `spark.ui.enabled` is `true` here, and its "
+        "Python workers import pyspark from its package (`spark.python.daemon.module`: "
+        "`mmpack_udfs.io.worker_daemon`; `pyspark.daemon` is Spark's own)",
     )
 
 

@@ -48,6 +48,7 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"  # C1 only: given first, so a user's own -
 QUICK_JIT_INPUT_BYTES = 256 << 20  # spark.quick_jit = null: quick below this much input
 DRIVER_MEMORY = "spark.driver.memory"
 UI_ENABLED = "spark.ui.enabled"  # off for an embedded local run unless the config turns it on
+DAEMON_MODULE = "spark.python.daemon.module"  # local: workers import pyspark from its package
 
 
 def quick_jit(spark_config: SparkConfig, input_bytes: int | None) -> bool:
@@ -84,6 +85,7 @@ def session_settings(
             settings.setdefault(DRIVER_MEMORY, local_driver_memory())
             # a command prints its own progress; the web UI's server costs ~1 s of each start
             settings.setdefault(UI_ENABLED, "false")
+            settings.setdefault(DAEMON_MODULE, "mmpack_udfs.io.worker_daemon")
         before = [QUICK_JIT] if quick_jit(spark_config, input_bytes) else []
         before += java_options
         after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]

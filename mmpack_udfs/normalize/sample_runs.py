@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmpack_udfs.io import fs, tables
+from mmpack_udfs.io.ahead import read_ahead
 from mmpack_udfs.io.memory import release_memory
 from mmpack_udfs.schemas import SAMPLES
 
@@ -148,22 +149,29 @@ def merge_range(
 ) -> Iterator[pa.RecordBatch]:
     """The samples of ``runs`` in [low, high), sorted by ``SORT_KEY``, without the ids of the
     ``existing`` files (an append; duplicates stay: ``tables.first_rows``). Merged ``parts``
-    sub-ranges at a time, so a task holds about 1 / ``parts`` of its range."""
+    sub-ranges at a time, the next one while the caller writes this one, so a task holds about
+    2 / ``parts`` of its range."""
     sources = [SortedFile(uri, storage) for uri in runs]
     known = [SortedFile(uri, storage) for uri in existing]
-    for sub_low, sub_high in sub_ranges(low, high, parts):
-        found = [source.rows(sub_low, sub_high) for source in sources]
-        table = (pa.concat_tables(found) if found else SAMPLES.empty_table()).combine_chunks()
-        del found
-        if known:
-            ids = pa.concat_tables([k.rows(sub_low, sub_high, ["sample_id"]) for k in known]).column(
-                "sample_id"
-            )
-            table = table.filter(pc.invert(pc.is_in(table.column("sample_id"), ids.combine_chunks())))
-        order = pc.sort_indices(table.select(list(SORT_KEY)), sort_keys=SORT_ORDER)
-        yield from table.take(order).to_batches()
+    for table in read_ahead(
+        _merged(sources, known, sub_low, sub_high) for sub_low, sub_high in sub_ranges(low, high, parts)
+    ):
+        yield from table.to_batches()
         del table
         release_memory()  # the pool keeps a part's pages otherwise: a worker's peak would be them all
+
+
+def _merged(
+    sources: Sequence[SortedFile], known: Sequence[SortedFile], low: str, high: str | None
+) -> pa.Table:
+    """The rows of ``sources`` in [low, high) without the ids of ``known``, sorted."""
+    found = [source.rows(low, high) for source in sources]
+    table = (pa.concat_tables(found) if found else SAMPLES.empty_table()).combine_chunks()
+    del found
+    if known:
+        ids = pa.concat_tables([k.rows(low, high, ["sample_id"]) for k in known]).column("sample_id")
+        table = table.filter(pc.invert(pc.is_in(table.column("sample_id"), ids.combine_chunks())))
+    return table.take(pc.sort_indices(table.select(list(SORT_KEY)), sort_keys=SORT_ORDER))
 
 
 def write_range(

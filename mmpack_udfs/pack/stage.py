@@ -43,6 +43,7 @@ from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import MmpackError
 from mmpack_udfs.families import FAMILIES
 from mmpack_udfs.io import fs, tables
+from mmpack_udfs.io.ahead import read_ahead
 from mmpack_udfs.io.memory import release_memory, releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.pack import costs, mix, pairs, shards
@@ -137,6 +138,13 @@ class PackSettings:
         if second is not None:
             too_big |= second > self.second_budget
         return too_big
+
+
+def warm_up() -> None:
+    """The driver's slow first uses, made ahead: numba loading the packer from its cache, and
+    matplotlib (the report's plots)."""
+    first_fit_decreasing(np.ones(1, np.int64), 1)
+    report.warm_up()
 
 
 def derive_run_id(config: Config, tokenized_uri: str, version: int) -> str:
@@ -437,7 +445,10 @@ def write_placed_shard(
                 )
                 yield batch
 
-    written = shards.write_shard(packed_root, name, row_groups(), settings.bins_per_row_group, storage)
+    # the next row group built while this one is written; not with embedded media, which would
+    # hold two row groups' files
+    groups = row_groups() if settings.embed_media else read_ahead(row_groups())
+    written = shards.write_shard(packed_root, name, groups, settings.bins_per_row_group, storage)
     result = {
         "shard": shard,
         "rows_in": rows_in,

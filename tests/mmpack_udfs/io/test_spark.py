@@ -43,6 +43,18 @@ def test_an_embedded_local_run_has_no_web_ui_unless_the_config_asks(monkeypatch)
     assert UI_ENABLED not in session_settings(SparkConfig())  # spark-submit's
 
 
+def test_an_embedded_local_run_starts_the_daemon_that_skips_pyspark_zip(monkeypatch):
+    from mmpack_udfs.io.spark import DAEMON_MODULE
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert session_settings(SparkConfig())[DAEMON_MODULE] == "mmpack_udfs.io.worker_daemon"
+    own = SparkConfig(conf={DAEMON_MODULE: "pyspark.daemon"})
+    assert session_settings(own)[DAEMON_MODULE] == "pyspark.daemon"
+    assert DAEMON_MODULE not in session_settings(SparkConfig(master="spark://host:7077"))
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
+    assert DAEMON_MODULE not in session_settings(SparkConfig())  # spark-submit's
+
+
 def test_spark_submit_keeps_its_own_master(monkeypatch):
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
     settings = session_settings(SparkConfig(), master=None)
