@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mmpack_udfs.context import RunContext
 from mmpack_udfs.io import tables
+
+if TYPE_CHECKING:  # the driver's: stage modules import this in Python workers too
+    from mmpack_udfs.context import RunContext
 
 
 def run_id_from(stage: str, facts: Mapping[str, Any]) -> str:

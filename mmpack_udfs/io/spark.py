@@ -18,12 +18,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import pyarrow as pa
 
-from mmpack_udfs.config.model import SparkConfig
 from mmpack_udfs.io import class_archive
+
+if TYPE_CHECKING:  # not imported at run time: a Python worker that imports this needs no pydantic
+    from mmpack_udfs.config.model import SparkConfig
 
 EXECUTOR_ENV = {
     "TOKENIZERS_PARALLELISM": "false",

@@ -19,20 +19,22 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmpack_udfs import runs, schemas
-from mmpack_udfs.config import Config
-from mmpack_udfs.context import RunContext
 from mmpack_udfs.errors import ReconciliationError
 from mmpack_udfs.io import fs, tables
 from mmpack_udfs.io.memory import releasing
 from mmpack_udfs.io.spark import one_task_per_row
 from mmpack_udfs.tokenize.encoder import TokenizeSettings, worker_tokenizer
+
+if TYPE_CHECKING:  # the driver's: a Python worker that unpickles this stage's tasks needs no pydantic
+    from mmpack_udfs.config import Config
+    from mmpack_udfs.context import RunContext
 
 log = logging.getLogger(__name__)
 
