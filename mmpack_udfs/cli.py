@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import logging
 import re
 import sys
@@ -156,26 +154,11 @@ def run_stages(args: argparse.Namespace, stages: Sequence[str]) -> int:
             if len(stages) > 1:
                 elapsed = time.time() - started
                 log.info("[%d/%d] %s ...  (%.0f s elapsed)", number, len(stages), name, elapsed)
-            if number < len(stages):  # the next stage's slow first uses, while this one runs
-                importlib.import_module(stage(name).module)  # first: the two threads import apart
-                warm_up(stages[number])
             with stage_progress(spark, name, ctx.config.spark.progress_seconds):
                 stage(name).run(spark, ctx)
     if len(stages) > 1:
         print(f"pipeline done: {', '.join(stages)} in {time.time() - started:.1f} s")
     return EXIT_OK
-
-
-def warm_up(name: str) -> None:
-    """Warm the stage ``name`` up on a daemon thread (``Stage.warm_up``); a failure there only
-    leaves the work to the stage's run."""
-    import threading
-
-    def warm() -> None:
-        with contextlib.suppress(Exception):
-            stage(name).warm_up()
-
-    threading.Thread(target=warm, name=f"warm-up-{name}", daemon=True).start()
 
 
 def run_report(args: argparse.Namespace) -> int:

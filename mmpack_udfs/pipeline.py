@@ -29,13 +29,6 @@ class Stage:
         """Run the stage in ``spark`` for the run context ``ctx`` (``context.RunContext``)."""
         return importlib.import_module(self.module).run(spark, ctx)
 
-    def warm_up(self) -> None:
-        """Make the stage's slow first uses on the driver ahead of its run (its module's
-        ``warm_up``, where it has one): called on a thread while earlier stages run."""
-        warm_up = getattr(importlib.import_module(self.module), "warm_up", None)
-        if warm_up is not None:
-            warm_up()
-
 
 STAGES: tuple[Stage, ...] = (
     Stage(

@@ -140,13 +140,6 @@ class PackSettings:
         return too_big
 
 
-def warm_up() -> None:
-    """The driver's slow first uses, made ahead: numba loading the packer from its cache, and
-    matplotlib (the report's plots)."""
-    first_fit_decreasing(np.ones(1, np.int64), 1)
-    report.warm_up()
-
-
 def derive_run_id(config: Config, tokenized_uri: str, version: int) -> str:
     facts = {
         "tokenized": [tokenized_uri, version],

@@ -33,11 +33,6 @@ class ReportError(MmpackError, RuntimeError):
     """There is no published packing to report on."""
 
 
-def warm_up() -> None:
-    """Import what drawing the plots needs (about 0.4 s)."""
-    plots.warm_up()
-
-
 def read_manifest(output: str, storage: fs.Storage = fs.LOCAL) -> dict[str, Any]:
     try:
         return schemas.load_manifest(schemas.manifest_uri(output), storage)

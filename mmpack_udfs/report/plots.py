@@ -169,14 +169,6 @@ def cost_plot(index: pa.Table, manifest: Mapping[str, Any]) -> bytes:
     return _png(draw, size=(11, 4), panels=2)
 
 
-def warm_up() -> None:
-    """Import matplotlib and its Agg backend (about 0.4 s), as ``_png`` does."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
-
-
 def _png(draw: Callable[[Any], None], size: tuple[float, float] = (7, 4), panels: int = 1) -> bytes:
     """Run ``draw(axes)`` on a new figure of ``panels`` side by side and return it as PNG
     bytes (no timestamp: stable)."""

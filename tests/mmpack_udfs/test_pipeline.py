@@ -42,12 +42,3 @@ def test_the_stage_list_needs_only_the_standard_library():
         for alias in node.names
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
-
-
-def test_warming_pack_up_loads_its_packer_and_plotting():
-    from mmpack_udfs.pack import ffd
-
-    stage = pipeline.stage
-    stage("normalize").warm_up()  # a stage without a warm-up: nothing to do
-    stage("pack").warm_up()
-    assert ffd._pack.overloads and "matplotlib.pyplot" in sys.modules
