@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING
 
 import pyarrow as pa
 
-from mmpack_udfs.io import class_archive
+from mmpack_udfs.io import class_archive, worker_daemon
 
 if TYPE_CHECKING:  # not imported at run time: a Python worker that imports this needs no pydantic
     from mmpack_udfs.config.model import SparkConfig
@@ -87,7 +87,7 @@ def session_settings(
             settings.setdefault(DRIVER_MEMORY, local_driver_memory())
             # a command prints its own progress; the web UI's server costs ~1 s of each start
             settings.setdefault(UI_ENABLED, "false")
-            settings.setdefault(DAEMON_MODULE, "mmpack_udfs.io.worker_daemon")
+            settings.setdefault(DAEMON_MODULE, worker_daemon.__name__)
         before = [QUICK_JIT] if quick_jit(spark_config, input_bytes) else []
         before += java_options
         after = [] if verbose else [f"-Dlog4j2.configurationFile={QUIET_LOG4J.resolve().as_uri()}"]

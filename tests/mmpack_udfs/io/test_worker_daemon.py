@@ -37,14 +37,3 @@ def test_a_local_sessions_workers_import_pyspark_from_the_package(spark):
 
     files = spark.range(1).mapInArrow(origin, "file string").toArrow().column("file").to_pylist()
     assert files and ".zip" not in files[0]
-
-
-def test_a_worker_that_normalizes_imports_no_config_models():
-    """A Python worker's first normalize task imports what its task needs, not the driver's
-    pydantic config (about 0.2 s of each worker's start)."""
-    import subprocess
-    import sys
-
-    check = "import sys, mmpack_udfs.normalize.records; assert 'pydantic' not in sys.modules, 'pydantic'"
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
