@@ -1,9 +1,15 @@
+import hashlib
+import json
+from unittest import mock
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmpack_udfs.config.model import DatasetConfig
 from mmpack_udfs.normalize.datasets import specs_of
 from mmpack_udfs.normalize.records import parse_record
-from mmpack_udfs.normalize.sharegpt import DatasetSpec, sample_id
+from mmpack_udfs.normalize.sharegpt import Conversation, DatasetSpec, _plain_text, sample_id
 from mmpack_udfs.reasons import Reason, Rejected
 
 SPEC = DatasetSpec(name="d", paths=("x.jsonl",), media_root="/media")
@@ -170,3 +176,89 @@ def test_preference_pairs_take_no_loss_weight():
     entry = {"name": "p", "paths": "x.jsonl", "media_root": "/m", "ranking": True, "loss_weight": 2}
     with pytest.raises(Exception, match="preference pairs take no loss_weight"):
         specs_of([DatasetConfig.model_validate(entry)])
+
+
+def test_sample_ids_hash_the_compact_json_of_the_content_for_every_code_point():
+    """The ids stay those of ``json.dumps(content, ensure_ascii=False, separators=(",", ":"))``
+    (an append dedups against tables written before orjson made them)."""
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    conversation = Conversation(system=every, turns=[("user", '"\\\n'), ("assistant", every[::-1])])
+    conversation.media, conversation.rejected = [("image", "x"), ("audio", "y")], "no"
+    content = {
+        "system": every,
+        "turns": [["user", '"\\\n'], ["assistant", every[::-1]]],
+        "media": [["image", "/m/a.png"], ["audio", "sha256:ab"]],
+        "rejected": "no",
+    }
+    canonical = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    assert sample_id(conversation, ["/m/a.png", "sha256:ab"]) == hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def test_a_plain_text_record_takes_the_short_path():
+    record = sg(("system", "Be brief."), ("human", "hi"), ("gpt", "hello"), images=[])
+    conversation = _plain_text(record, SPEC.mapping("sharegpt"))
+    assert conversation == Conversation(system="Be brief.", turns=[("user", "hi"), ("assistant", "hello")])
+    assert _plain_text(sg(("human", "<image> hi"), ("gpt", "x")), SPEC.mapping("sharegpt")) is None
+
+
+OWN_PLACEHOLDER = DatasetSpec(
+    name="p", paths=("x.jsonl",), media_root="/m", tags=(("image_placeholder", "[img]"),)
+)
+TAGS = st.sampled_from(["human", "gpt", "system", "observation", "function_call", "user", "bot", None, 3])
+TEXTS = st.one_of(
+    st.sampled_from(["", " \n", "hi", "<image>", "a [img] b", "<video>x", "<audio>", "<imag>"]),
+    st.text(max_size=8),
+    st.integers(),
+    st.lists(st.just({"type": "text", "text": "part"}), max_size=2),
+    st.none(),
+)
+OPTIONAL = {
+    "system": st.one_of(st.none(), st.sampled_from(["", "sys", "<image>"]), st.integers()),
+    "images": st.one_of(st.none(), st.just([]), st.just(["a.png"]), st.just("a.png"), st.just({})),
+    "videos": st.one_of(st.none(), st.just([]), st.just(["v.mp4"])),
+    "weight": st.one_of(st.none(), st.sampled_from([0, 2.5, -1, "1", True])),
+}
+
+
+@st.composite
+def records(draw) -> dict:
+    """A well-formed conversation (a system turn or not, 1-3 rounds), then maybe spoiled: a
+    turn's text, tag or shape replaced, the list cut; media, system and weight keys added."""
+    plain = st.one_of(st.sampled_from(["hi", "a b"]), st.text(max_size=6))
+    turns = [{"from": "system", "value": draw(plain)}] if draw(st.booleans()) else []
+    for _ in range(draw(st.integers(1, 3))):
+        turns += [{"from": "human", "value": draw(plain)}, {"from": "gpt", "value": draw(plain)}]
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(turns) - 1))
+        turn, spoil = turns[at], draw(st.sampled_from(["text", "text", "tag", "no text", "not a turn"]))
+        if not isinstance(turn, dict):
+            continue
+        if spoil == "text":
+            turn["value"] = draw(TEXTS)
+        elif spoil == "tag":
+            turn["from"] = draw(TAGS)
+        elif spoil == "no text":
+            turn.pop("value", None)
+        else:
+            turns[at] = "turn"
+    turns = turns[: draw(st.integers(0, len(turns)))] if draw(st.booleans()) else turns
+    extra = draw(st.fixed_dictionaries({}, optional=OPTIONAL))
+    return {"conversations": draw(st.sampled_from([turns, turns, None, {}])), **extra}
+
+
+def _outcome(record, spec):
+    try:
+        return parse_record(record, spec)
+    except Rejected as err:
+        return err.reason, err.detail
+
+
+@settings(max_examples=600, deadline=None)
+@given(record=records(), spec=st.sampled_from([SPEC, OWN_PLACEHOLDER]))
+def test_the_short_path_reads_every_record_as_the_general_path_does(record, spec):
+    """Records near the plain-text shape, read with and without ``_plain_text``: the same
+    conversation, or the same reason and detail."""
+    short = _outcome(record, spec)
+    with mock.patch("mmpack_udfs.normalize.sharegpt._plain_text", return_value=None):
+        general = _outcome(record, spec)
+    assert short == general
