@@ -35,6 +35,7 @@ TOKENIZED_COLUMNS = [
     "weight",
 ]
 
+TOKENIZED_LISTS = pa.schema([schemas.TOKENIZED.field(name) for name in TOKENIZED_COLUMNS])
 TOKEN_COLUMNS = ("input_ids", "labels")  # list<int32>: what the JVM carries as bytes (below)
 # the tokenized rows as the shard tasks receive them: the token columns as bytes, which Spark's
 # shuffle, sort and Arrow conversion copy whole instead of value by value
@@ -87,15 +88,21 @@ def read_tokenized_files(
     (``rows_as_bytes``), ``batch_rows`` at a time."""
     for batch in batches:
         for uri in itertools.chain.from_iterable(batch.column("uris").to_pylist()):
-            filesystem, path = storage.filesystem(uri)
-            parquet = pq.ParquetFile(filesystem.open_input_file(path))
-            present = [c for c in TOKENIZED_COLUMNS if c in parquet.schema_arrow.names]
-            for rows in parquet.iter_batches(batch_rows, columns=present):
-                if "pair_side" not in present:
-                    rows = rows.append_column("pair_side", pa.nulls(rows.num_rows, pa.string()))
-                if "weight" not in present:
-                    rows = rows.append_column("weight", pa.array(np.ones(rows.num_rows)))
-                yield rows_as_bytes(rows.select(TOKENIZED_COLUMNS))
+            yield from map(rows_as_bytes, tokenized_batches(uri, storage, batch_rows))
+
+
+def tokenized_batches(uri: str, storage: fs.Storage, batch_rows: int = 2000) -> Iterator[pa.RecordBatch]:
+    """A tokenized file's rows (``TOKENIZED_COLUMNS``), ``batch_rows`` at a time; ``pair_side``
+    null and ``weight`` 1 where the file predates them."""
+    filesystem, path = storage.filesystem(uri)
+    parquet = pq.ParquetFile(filesystem.open_input_file(path))
+    present = [c for c in TOKENIZED_COLUMNS if c in parquet.schema_arrow.names]
+    for rows in parquet.iter_batches(batch_rows, columns=present):
+        if "pair_side" not in present:
+            rows = rows.append_column("pair_side", pa.nulls(rows.num_rows, pa.string()))
+        if "weight" not in present:
+            rows = rows.append_column("weight", pa.array(np.ones(rows.num_rows)))
+        yield pa.RecordBatch.from_arrays(rows.select(TOKENIZED_COLUMNS).columns, schema=TOKENIZED_LISTS)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 REPORT_NAME = "pack.json"
 SKIPPED_NAME = "pack_skipped.json"
 BROADCAST_ROWS = 1_000_000  # placements up to this many rows (~50 MB) are broadcast to the join
+# A run of one shard with up to this many placed tokens (a shard at the default budget and
+# bins_per_shard; ~8 bytes a token as rows) is written by one task that reads the tokenized
+# files itself: no rows through the JVM (write_one_shard)
+ONE_TASK_TOKENS = 1 << 25
 PLACEMENT_PART_ITEMS = 1_000_000  # items per Parquet file of the placement handed to the shard tasks
 PLACEMENT_DIR = "_placement"  # beside a run's shards while its tasks run (gc removes a killed run's)
 COUNT_COLUMNS = ["sample_id", "parent_id", "dataset", "num_tokens", "image_tokens", "video_tokens", "media",
@@ -164,6 +168,7 @@ class Placement:
     bin_row: np.ndarray  # int32: row of its bin in the shard
     position: np.ndarray  # int32: its place in the bin (longest first)
     shard_bins: list[int]  # bins per shard
+    tokens: int  # the items' tokens
 
     @property
     def items(self) -> int:
@@ -213,16 +218,14 @@ def _count_column(name: str, column: pa.ChunkedArray) -> pa.Array:
     return column.combine_chunks()
 
 
-def read_rows(spark, tokenized_uri: str, snap: tables.Snapshot, storage: fs.Storage):
-    """The tokenized rows the shard tasks build bins from (``shards.TOKENIZED_ROWS``): read by
-    Python tasks (two a core, each a run of the files), the token columns as bytes;
+def read_rows(spark, files: list[str], storage: fs.Storage):
+    """The tokenized rows of ``files`` the shard tasks build bins from (``shards.TOKENIZED_ROWS``):
+    read by Python tasks (two a core, each a run of the files), the token columns as bytes;
     ``pair_side`` null and ``weight`` 1 where the table predates them."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    tasks = min(len(snap.files), 2 * spark.sparkContext.defaultParallelism)
-    groups = (
-        [list(files) for files in np.array_split(np.array(snap.files, dtype=object), tasks)] if tasks else []
-    )
+    tasks = min(len(files), 2 * spark.sparkContext.defaultParallelism)
+    groups = [list(run) for run in np.array_split(np.array(files, dtype=object), tasks)] if tasks else []
     listing = one_task_per_row(spark, pa.table({"uris": pa.array(groups, pa.list_(pa.string()))}))
     read = partial(shards.read_tokenized_files, storage=storage)
     return listing.mapInArrow(releasing(read), from_arrow_schema(shards.TOKENIZED_ROWS))
@@ -275,6 +278,7 @@ def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = 
     item_unit = np.repeat(np.arange(units.count), unit_copies)  # an item: one copy of a unit
     del unit_copies  # the driver's peak is in here: every per-item array is dropped once used
     lengths = unit_lengths[item_unit]
+    tokens = int(lengths.sum())
     packing = first_fit_decreasing(
         lengths,
         settings.budget,
@@ -308,7 +312,8 @@ def place(counts: pa.Table, settings: PackSettings, copies: np.ndarray | None = 
     position = (to_rows(position) * units.width + side).astype(np.int32)
     shard_bins = [min(settings.bins_per_shard, lay.num_bins - first)
                   for first in range(0, lay.num_bins, settings.bins_per_shard)]  # fmt: skip
-    return Placement(_one_array(counts.column("sample_id")), row, shard, bin_row, position, shard_bins)
+    ids = _one_array(counts.column("sample_id"))
+    return Placement(ids, row, shard, bin_row, position, shard_bins, tokens)
 
 
 def _one_array(column: pa.ChunkedArray) -> pa.Array:
@@ -368,6 +373,49 @@ def write_shards(
         yield write_placed_shard(
             (rows for _, rows in groups), shard, settings, packed_root, shard_dir, storage
         )
+
+
+def write_one_shard(
+    batches: Iterator[pa.RecordBatch],
+    parts: list[str],
+    settings: PackSettings,
+    packed_root: str,
+    shard_dir: str,
+    storage: fs.Storage,
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the tokenized files' URIs in (``uris``), the run's one shard out (its
+    result row), written from the files' rows that the placement's ``parts`` name, as
+    ``write_shards`` writes it from the join. Holds those rows and one row group's copy."""
+    placed = pa.concat_tables(_read_parquet(part, storage) for part in parts)
+    placed = placed.take(pc.sort_indices(placed, [("bin_row", "ascending"), ("position", "ascending")]))
+    wanted = pc.unique(placed.column("sample_id"))
+    kept = []  # the placed rows of each file
+    for batch in batches:
+        for uri in itertools.chain.from_iterable(batch.column("uris").to_pylist()):
+            rows = pa.Table.from_batches(shards.tokenized_batches(uri, storage), shards.TOKENIZED_LISTS)
+            kept.append(rows.filter(pc.is_in(rows.column("sample_id"), value_set=wanted)))
+    # one chunk: a take from a chunked column joins its chunks first, at every row group
+    rows = pa.concat_tables(kept).combine_chunks() if kept else shards.TOKENIZED_LISTS.empty_table()
+    del kept
+    at = pc.index_in(placed.column("sample_id"), value_set=rows.column("sample_id").combine_chunks())
+    if at.null_count:
+        raise PackError(f"the placement names {at.null_count} rows that the tokenized files do not hold")
+    group = placed.column("bin_row").to_numpy() // settings.bins_per_row_group
+    cuts = [0, *(np.flatnonzero(np.diff(group)) + 1).tolist(), placed.num_rows]
+
+    def row_tables() -> Iterator[pa.Table]:
+        for start, end in itertools.pairwise(cuts):
+            taken = rows.take(at.slice(start, end - start))
+            for name in ("shard", "bin_row", "position"):
+                taken = taken.append_column(name, placed.column(name).slice(start, end - start))
+            yield taken
+
+    yield write_placed_shard(row_tables(), 0, settings, packed_root, shard_dir, storage)
+
+
+def _read_parquet(uri: str, storage: fs.Storage) -> pa.Table:
+    filesystem, path = storage.filesystem(uri)
+    return pq.read_table(path, filesystem=filesystem)
 
 
 def rows_by_row_group(
@@ -520,13 +568,14 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         )
     preference = pairs.units_of(counts).paired  # the pack holds preference pairs (DPO)
     shard_dir = f"shards/{tables.run_tag(run_id)}"
-    rows = read_rows(spark, tokenized_uri, snap, storage)
     source = {"table": tokenized_uri, "version": snap.version}
     evaluation = None
     if chosen.eval.any():
         eval_root = schemas.packed_eval_uri(ctx.output)
         eval_placement = place(counts, settings, chosen.eval.astype(np.int64))
-        eval_results = write_placement(spark, rows, eval_placement, settings, eval_root, shard_dir, storage)
+        eval_results = write_placement(
+            spark, snap.files, eval_placement, settings, eval_root, shard_dir, storage
+        )
         reconcile(eval_placement, eval_results)
         del eval_placement
         eval_manifest = build_manifest(ctx, settings, run_id, source, eval_results, skipped=0)
@@ -541,7 +590,7 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
         }
     placement = place(counts, settings, chosen.copies) if counts.num_rows else None
     release_memory()
-    results = write_placement(spark, rows, placement, settings, packed_root, shard_dir, storage)
+    results = write_placement(spark, snap.files, placement, settings, packed_root, shard_dir, storage)
     tasks_done = time.time()
     skipped = skipped_rows(counts, over, settings)
     reconcile(placement, results)
@@ -566,17 +615,18 @@ def run(spark, ctx: RunContext) -> dict[str, Any]:
 
 def write_placement(
     spark,
-    rows,
+    files: list[str],
     placement: Placement | None,
     settings: PackSettings,
     packed_root: str,
     shard_dir: str,
     storage,
 ) -> list[dict]:
-    """Spark: the tokenized ``rows`` joined to their places (a row once per copy), written as
-    whole shards; each shard's result row (``SHARD_RESULT``), by shard. The placement reaches
+    """Spark: the rows of the tokenized ``files`` at their places (a row once per copy), written
+    as whole shards; each shard's result row (``SHARD_RESULT``), by shard. The placement reaches
     the tasks as Parquet files beside the shards (removed once they are written), so neither
-    the driver's Python nor its JVM holds it whole."""
+    the driver's Python nor its JVM holds it whole. A run of one small shard is written by one
+    task that reads the files itself (``write_one_shard``), any other by a join in Spark."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -584,18 +634,30 @@ def write_placement(
         return []
     folder = fs.join(packed_root, shard_dir, PLACEMENT_DIR)
     parts = write_placement_parts(placement, folder, storage)
-    placed = tables.read_parquet(spark, parts, PLACEMENT, storage)
-    task = partial(
-        write_shards, settings=settings, packed_root=packed_root, shard_dir=shard_dir, storage=storage
-    )
-    if placement.items <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
-        placed = F.broadcast(placed)
-    by_shard = rows.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
-    by_shard = by_shard.sortWithinPartitions("shard", "bin_row", "position")  # a task holds one row group
-    written = by_shard.mapInArrow(releasing(task), from_arrow_schema(SHARD_RESULT))
+    where = {"settings": settings, "packed_root": packed_root, "shard_dir": shard_dir, "storage": storage}
+    if in_one_task(placement):
+        listing = one_task_per_row(spark, pa.table({"uris": pa.array([files], pa.list_(pa.string()))}))
+        written = listing.mapInArrow(
+            releasing(partial(write_one_shard, parts=parts, **where)), from_arrow_schema(SHARD_RESULT)
+        )
+    else:
+        placed = tables.read_parquet(spark, parts, PLACEMENT, storage)
+        if placement.items <= BROADCAST_ROWS:  # one shuffle of the full rows instead of two
+            placed = F.broadcast(placed)
+        rows = read_rows(spark, files, storage)
+        by_shard = rows.join(placed, "sample_id").repartition(len(placement.shard_bins), "shard")
+        by_shard = by_shard.sortWithinPartitions("shard", "bin_row", "position")  # a task holds one row group
+        task = releasing(partial(write_shards, **where))
+        written = by_shard.mapInArrow(task, from_arrow_schema(SHARD_RESULT))
     results = [r.asDict(recursive=True) for r in written.collect()]
     storage.delete_dir(folder)
     return sorted(results, key=lambda r: r["shard"])
+
+
+def in_one_task(placement: Placement) -> bool:
+    """Whether one task writes the run's shards, reading the tokenized files itself: one shard
+    of at most ``ONE_TASK_TOKENS`` tokens (the join's tasks would write it in one task anyway)."""
+    return len(placement.shard_bins) == 1 and placement.tokens <= ONE_TASK_TOKENS
 
 
 def write_placement_parts(placement: Placement, folder: str, storage: fs.Storage) -> list[str]:

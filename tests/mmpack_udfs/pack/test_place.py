@@ -3,16 +3,19 @@ stratified by cost, shards that do not depend on how rows arrive."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
 from mmpack_udfs import schemas
 from mmpack_udfs.config import load_config
 from mmpack_udfs.io import fs
 from mmpack_udfs.io import tables as delta
-from mmpack_udfs.pack import costs
+from mmpack_udfs.pack import costs, shards
 from mmpack_udfs.pack import stage as pack
 from tests.mmpack_udfs.pack.test_shards import tokenized_rows
 
@@ -139,3 +142,80 @@ def test_counts_hold_ids_past_two_gib_and_datasets_as_codes(tmp_path):
     assert counts.column("sample_id").to_pylist() == sorted(rows.column("sample_id").to_pylist())
     by_id = dict(zip(rows.column("sample_id").to_pylist(), rows.column("dataset").to_pylist(), strict=True))
     assert counts.column("dataset").to_pylist() == [by_id[i] for i in counts.column("sample_id").to_pylist()]
+
+
+ONE_SHARD = pack.PackSettings.from_config(
+    load_config(
+        None,
+        [
+            "pack.budget=900",
+            "pack.bins_per_shard=1000",
+            "pack.bins_per_row_group=4",
+            "pack.embed_media=false",
+        ],
+    )
+)
+
+
+def tokenized_files(rows: pa.Table, folder, files: int = 3) -> pa.RecordBatch:
+    """``rows`` as tokenized Parquet files under ``folder``: the one row naming them (``uris``)."""
+    folder.mkdir()
+    uris = []
+    for k, part in enumerate(np.array_split(np.arange(rows.num_rows), files)):
+        uris.append(str(folder / f"part-{k}.parquet"))
+        pq.write_table(rows.take(pa.array(part)), uris[-1], row_group_size=20)
+    return pa.record_batch({"uris": pa.array([uris], pa.list_(pa.string()))})
+
+
+def joined_as_spark_does(listing: pa.RecordBatch, parts: list[str]) -> list[pa.RecordBatch]:
+    """The shard tasks' input on the join path: each placed item's row (read as bytes), sorted
+    by (shard, bin_row, position), in batches cut anywhere."""
+    read = pa.Table.from_batches(list(shards.read_tokenized_files(iter([listing]), fs.LOCAL)))
+    placed = pa.concat_tables(pq.read_table(part) for part in parts).to_pylist()
+    row_of = {sample_id: i for i, sample_id in enumerate(read.column("sample_id").to_pylist())}
+    joined = read.take(pa.array([row_of[item["sample_id"]] for item in placed]))
+    for name in ("shard", "bin_row", "position"):
+        joined = joined.append_column(name, pa.array([item[name] for item in placed], pa.int32()))
+    joined = joined.sort_by([("shard", "ascending"), ("bin_row", "ascending"), ("position", "ascending")])
+    return joined.to_batches(max_chunksize=7)
+
+
+def test_one_task_writes_the_shard_that_the_join_writes(tmp_path):
+    """A run of one shard, written by one task from the tokenized files: the same bytes and
+    result as the shard tasks after Spark's join; copies of a row (weights) and rows left out
+    of the run (weight 0) as well."""
+    rows = sorted_rows(160)
+    placement = pack.place(rows, ONE_SHARD, copies=np.resize([1, 2, 0], rows.num_rows))
+    assert pack.in_one_task(placement) and placement.items > rows.num_rows * 0.9
+    listing = tokenized_files(rows, tmp_path / "tokenized")
+    parts = pack.write_placement_parts(placement, str(tmp_path / "placement"), fs.LOCAL)
+    results = {}
+    for way in ("one task", "join"):
+        root = tmp_path / way.replace(" ", "-")
+        if way == "one task":
+            written = pack.write_one_shard(iter([listing]), parts, ONE_SHARD, str(root), "shards/t", fs.LOCAL)
+        else:
+            batches = joined_as_spark_does(listing, parts)
+            written = pack.write_shards(iter(batches), ONE_SHARD, str(root), "shards/t", fs.LOCAL)
+        [result] = [row for batch in written for row in batch.to_pylist()]
+        results[way] = {**result, "bytes": (root / "shards/t/s00000.parquet").read_bytes(), "seconds": 0}
+    assert results["one task"] == results["join"]
+    assert results["join"]["rows_in"] == placement.items
+    assert results["join"]["written"]["rows"] == placement.shard_bins[0] > ONE_SHARD.bins_per_row_group
+
+
+def test_one_task_refuses_a_placement_of_rows_the_files_lack(tmp_path):
+    rows = sorted_rows(40)
+    placement = pack.place(rows, ONE_SHARD)
+    listing = tokenized_files(rows.slice(0, 30), tmp_path / "tokenized", files=1)
+    parts = pack.write_placement_parts(placement, str(tmp_path / "placement"), fs.LOCAL)
+    with pytest.raises(pack.PackError, match="names 10 rows that the tokenized files do not hold"):
+        list(pack.write_one_shard(iter([listing]), parts, ONE_SHARD, str(tmp_path / "out"), "s", fs.LOCAL))
+
+
+def test_one_task_writes_only_a_run_of_one_small_shard():
+    rows = sorted_rows(160)
+    assert pack.in_one_task(pack.place(rows, ONE_SHARD))
+    assert not pack.in_one_task(pack.place(rows, SETTINGS))  # eight bins a shard: several shards
+    one = pack.place(rows, ONE_SHARD)
+    assert not pack.in_one_task(dataclasses.replace(one, tokens=pack.ONE_TASK_TOKENS + 1))
