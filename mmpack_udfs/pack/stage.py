@@ -397,17 +397,16 @@ def write_one_shard(
     # one chunk: a take from a chunked column joins its chunks first, at every row group
     rows = pa.concat_tables(kept).combine_chunks() if kept else shards.TOKENIZED_LISTS.empty_table()
     del kept
-    at = pc.index_in(placed.column("sample_id"), value_set=rows.column("sample_id").combine_chunks())
+    at = pc.index_in(placed.column("sample_id"), value_set=_one_array(rows.column("sample_id")))
     if at.null_count:
         raise PackError(f"the placement names {at.null_count} rows that the tokenized files do not hold")
-    group = placed.column("bin_row").to_numpy() // settings.bins_per_row_group
-    cuts = [0, *(np.flatnonzero(np.diff(group)) + 1).tolist(), placed.num_rows]
+    placed = placed.append_column("row", at)
 
     def row_tables() -> Iterator[pa.Table]:
-        for start, end in itertools.pairwise(cuts):
-            taken = rows.take(at.slice(start, end - start))
+        for _, group in rows_by_row_group(placed.to_batches(), settings.bins_per_row_group):
+            taken = rows.take(group.column("row"))
             for name in ("shard", "bin_row", "position"):
-                taken = taken.append_column(name, placed.column(name).slice(start, end - start))
+                taken = taken.append_column(name, group.column(name))
             yield taken
 
     yield write_placed_shard(row_tables(), 0, settings, packed_root, shard_dir, storage)
