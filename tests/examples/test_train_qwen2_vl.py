@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -33,12 +34,15 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def full_run(packed, tmp_path_factory) -> tuple[Path, str]:
-    """Two ranks, two dataloader workers each, two epochs, 2 micro-batches per step."""
+def full_run(packed, tmp_path_factory) -> tuple[Path, str, Path]:
+    """Two ranks, two dataloader workers each, two epochs, 2 micro-batches per step, a
+    checkpoint every 2 steps (the resume test starts from its step 2)."""
     out = tmp_path_factory.mktemp("ddp-full")
     args = ["--manifest", str(packed), "--out", str(out / "ckpt"), "--workers", "2", "--grad-accum", "2"]
-    stdout = torchrun(MANUAL, 2, *args, "--epochs", "2", "--trace", str(out / "trace"), log=out / "log")
-    return out / "trace", stdout
+    stdout = torchrun(
+        MANUAL, 2, *args, "--epochs", "2", "--save-every", "2", "--trace", str(out / "trace"), log=out / "log"
+    )
+    return out / "trace", stdout, out / "ckpt"
 
 
 def test_bins_hold_images_and_videos_and_divide_by_no_world_size_used(packed):
@@ -53,7 +57,7 @@ def test_bins_hold_images_and_videos_and_divide_by_no_world_size_used(packed):
 
 
 def test_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run):
-    trace, stdout = full_run
+    trace, stdout, _ = full_run
     records = read_trace(trace, 2)
     expected = expected_supervised(packed)
     for epoch in (0, 1):
@@ -68,7 +72,7 @@ def test_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run):
 
 
 def test_the_loss_per_dataset_covers_every_supervised_token_of_each_step(packed, full_run):
-    trace, stdout = full_run
+    trace, stdout, _ = full_run
     records = [r for rank in read_trace(trace, 2) for r in rank]
     datasets = json.loads((packed / "manifest.json").read_text())["datasets"]
     for epoch, step in {(r["epoch"], r["step"]) for r in records}:
@@ -100,18 +104,20 @@ def test_three_ranks_equal_steps_exactly_once(packed, tmp_path):
 
 
 def test_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
+    """``--resume`` from the full run's checkpoint after step 2 of epoch 0's 3 (the same
+    checkpoint ``--stop-after 2`` writes: test_training_install runs that flag) trains exactly
+    the rest, in the micro-batches of the run without a stop."""
+    trace, _, checkpoints = full_run
+    shutil.copytree(checkpoints / "step-2", tmp_path / "ckpt" / "step-2")
+    (tmp_path / "ckpt" / "latest").write_text("step-2")
     args = ["--manifest", str(packed), "--out", str(tmp_path / "ckpt"), "--workers", "2", "--grad-accum", "2"]
-    first = torchrun(
-        MANUAL, 2, *args, "--stop-after", "2", "--trace", str(tmp_path / "first"), log=tmp_path / "log1"
-    )
-    assert "stopped after step 2" in first
-    torchrun(MANUAL, 2, *args, "--resume", "--trace", str(tmp_path / "rest"), log=tmp_path / "log2")
-    before, after = read_trace(tmp_path / "first", 2), read_trace(tmp_path / "rest", 2)
+    torchrun(MANUAL, 2, *args, "--resume", "--trace", str(tmp_path / "rest"), log=tmp_path / "log")
+    uninterrupted, after = read_trace(trace, 2), read_trace(tmp_path / "rest", 2)
+    before = [[r for r in rank if r["epoch"] == 0 and r["step"] < 2] for rank in uninterrupted]
     assert all(len(rank) == 4 for rank in before)  # 2 steps × 2 micro-batches, per rank
-    assert all(r["step"] >= 2 for rank in after for r in rank)
+    assert all(r["epoch"] == 0 and r["step"] >= 2 for rank in after for r in rank)
     joined = [b + a for b, a in zip(before, after, strict=True)]
     check_epoch(joined, 0, expected_supervised(packed))
-    uninterrupted = read_trace(full_run[0], 2)
     for rank in range(2):  # the very same micro-batches, in the same order, as without the stop
         same = [r["samples"] for r in uninterrupted[rank] if r["epoch"] == 0]
         assert [r["samples"] for r in joined[rank]] == same
