@@ -90,7 +90,11 @@ PIPELINE_TESTS := -m "(spark or slow) and not families" -p no:cacheprovider
 # in page by page again: the kernel took more CPU than the model (tests/loader/test_family_parity.py:
 # 46.8 s system for 75.8 s user; 7.5 s with this). Large blocks stay in the heap for pytest's own
 # processes only (tests/conftest.py drops it for those they start: it multiplies their memory).
-TEST_ENV := GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
+# One OpenMP thread per process: the test processes already keep both cores busy (xdist's two
+# workers, the two lanes), and torch's two threads each spun in OpenMP's barriers waiting for a
+# thread the other process held off its core (the unit phase with nothing cached: 234 s with two,
+# 174 s with one; cached: 150 and 120 s). torchrun's ranks and the smoke runner already had one.
+TEST_ENV := GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736 OMP_NUM_THREADS=1
 PYTEST := $(TEST_ENV) $(BIN)/pytest -q
 
 test: setup browser $(TORCHVISION)/.installed $(GEMMA3_TOKENIZER)/.installed $(VERL_STAMP)

@@ -7,12 +7,15 @@ no media while the other's has.
 What must hold: every run ends (a hang is a timeout, and fails); every rank runs the same
 steps; every real sample's supervised tokens are trained exactly once per epoch, as traced
 from inside Trainer's training step; the first optimizer step's loss and gradients are the
-manual example's; a resume from a mid-epoch Trainer checkpoint trains exactly the rest.
+manual example's; a resume from a mid-epoch Trainer checkpoint trains exactly the rest of
+the epoch, in the uninterrupted run's micro-batches and to its weights; ``--stop-after N``
+saves a checkpoint and stops after step N.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -42,9 +45,11 @@ def trainer_args(packed, out, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def full_run(packed, tmp_path_factory):
-    """Two ranks, two workers each, two epochs, 2 micro-batches per optimizer step."""
+    """Two ranks, two workers each, two epochs, 2 micro-batches per optimizer step, a
+    checkpoint every 2 steps (the resume test starts from its step 2)."""
     out = tmp_path_factory.mktemp("trainer-full")
-    args = trainer_args(packed, out / "ckpt", "--epochs", "2", "--trace", str(out / "trace"))
+    saving = ["--epochs", "2", "--save-every", "2", "--trace", str(out / "trace")]
+    args = trainer_args(packed, out / "ckpt", *saving)
     stdout = torchrun(TRAINER, 2, *args, log=out / "log")
     return out / "trace", stdout, out / "ckpt"
 
@@ -61,28 +66,30 @@ def test_trainer_two_ranks_two_epochs_equal_steps_exactly_once(packed, full_run)
 
 
 def test_trainer_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
-    """Stopped after 2 of epoch 0's 3 steps, resumed through Trainer's resume_from_checkpoint:
-    the same micro-batches as the uninterrupted run, and the same final weights."""
-    stop = ["--epochs", "2", "--stop-after", "2", "--trace", str(tmp_path / "a")]
-    first = torchrun(TRAINER, 2, *trainer_args(packed, tmp_path / "ckpt", *stop), log=tmp_path / "log1")
-    assert "stopped after step 2" in first
-    assert sorted(p.name for p in (tmp_path / "ckpt" / "checkpoint-2").glob("mmpack-loader-rank*.pt")) == [
+    """Resumed through Trainer's resume_from_checkpoint from the full run's checkpoint after
+    step 2 of epoch 0's 3, and stopped by ``--stop-after 4`` one step into epoch 1: the rest of
+    epoch 0 and the next step, in the micro-batches of the uninterrupted run, and its weights
+    at step 4."""
+    trace, _, checkpoints = full_run
+    shutil.copytree(checkpoints / "checkpoint-2", tmp_path / "ckpt" / "checkpoint-2")
+    rest = ["--epochs", "2", "--resume", "--stop-after", "4", "--trace", str(tmp_path / "rest")]
+    stdout = torchrun(TRAINER, 2, *trainer_args(packed, tmp_path / "ckpt", *rest), log=tmp_path / "log")
+    assert "stopped after step 4" in stdout
+    stopped = tmp_path / "ckpt" / "checkpoint-4"
+    assert sorted(p.name for p in stopped.glob("mmpack-loader-rank*.pt")) == [
         "mmpack-loader-rank0.pt",
         "mmpack-loader-rank1.pt",
     ]
-    rest = ["--epochs", "2", "--resume", "--trace", str(tmp_path / "b")]
-    torchrun(TRAINER, 2, *trainer_args(packed, tmp_path / "ckpt", *rest), log=tmp_path / "log2")
-    before, after = read_trace(tmp_path / "a", 2), read_trace(tmp_path / "b", 2)
+    uninterrupted, after = read_trace(trace, 2), read_trace(tmp_path / "rest", 2)
+    before = [[r for r in rank if r["step"] < 2] for rank in uninterrupted]
     assert all(len(rank) == 4 for rank in before)  # 2 steps × 2 micro-batches, per rank
-    assert all([r["step"] for r in rank] == [2, 2, 3, 3, 4, 4, 5, 5] for rank in after)
+    assert all([r["step"] for r in rank] == [2, 2, 3, 3] for rank in after)
     joined = [b + a for b, a in zip(before, after, strict=True)]
-    expected = expected_supervised(packed)
-    for epoch in (0, 1):
-        check_epoch(joined, epoch, expected)
-    uninterrupted = read_trace(full_run[0], 2)
+    check_epoch(joined, 0, expected_supervised(packed))
     for rank in range(2):  # the very same micro-batches, in the same order, as without the stop
-        assert [r["samples"] for r in joined[rank]] == [r["samples"] for r in uninterrupted[rank]]
-    resumed, whole = (load_file(d / "final" / "model.safetensors") for d in (tmp_path / "ckpt", full_run[2]))
+        same = [r["samples"] for r in uninterrupted[rank]][: len(joined[rank])]
+        assert [r["samples"] for r in joined[rank]] == same
+    resumed, whole = (load_file(d / "model.safetensors") for d in (stopped, checkpoints / "checkpoint-4"))
     assert resumed.keys() == whole.keys()
     assert all(torch.equal(resumed[name], whole[name]) for name in whole), "weights differ after the resume"
 
