@@ -26,6 +26,7 @@ from tests.examples.torchrun import (
     TIMEOUT_S,
     check_epoch,
     expected_supervised,
+    joined_after_resume,
     read_trace,
     torchrun,
 )
@@ -112,15 +113,10 @@ def test_resume_mid_epoch_trains_exactly_the_rest(packed, full_run, tmp_path):
     (tmp_path / "ckpt" / "latest").write_text("step-2")
     args = ["--manifest", str(packed), "--out", str(tmp_path / "ckpt"), "--workers", "2", "--grad-accum", "2"]
     torchrun(MANUAL, 2, *args, "--resume", "--trace", str(tmp_path / "rest"), log=tmp_path / "log")
-    uninterrupted, after = read_trace(trace, 2), read_trace(tmp_path / "rest", 2)
-    before = [[r for r in rank if r["epoch"] == 0 and r["step"] < 2] for rank in uninterrupted]
-    assert all(len(rank) == 4 for rank in before)  # 2 steps × 2 micro-batches, per rank
+    after = read_trace(tmp_path / "rest", 2)
     assert all(r["epoch"] == 0 and r["step"] >= 2 for rank in after for r in rank)
-    joined = [b + a for b, a in zip(before, after, strict=True)]
-    check_epoch(joined, 0, expected_supervised(packed))
-    for rank in range(2):  # the very same micro-batches, in the same order, as without the stop
-        same = [r["samples"] for r in uninterrupted[rank] if r["epoch"] == 0]
-        assert [r["samples"] for r in joined[rank]] == same
+    joined = joined_after_resume(read_trace(trace, 2), after, resumed_at=2, grad_accum=2)
+    check_epoch(joined, 0, expected_supervised(packed))  # with the above: all of epoch 0, as without the stop
     counts = Counter(s for rank in after for r in rank for s, _ in r["samples"])
     assert counts and max(counts.values()) == 1
 

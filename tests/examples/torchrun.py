@@ -80,3 +80,17 @@ def check_epoch(records: list[list[dict]], epoch: int, expected: dict[str, int])
     bins = len({tuple(s for s, _ in r["samples"]) for rank in per_rank for r in rank if r["samples"]})
     fillers = sum(r["fillers"] for rank in per_rank for r in rank)
     assert fillers == -(-bins // len(records)) * len(records) - bins  # one per short rank, none else
+
+
+def joined_after_resume(
+    uninterrupted: list[list[dict]], after: list[list[dict]], resumed_at: int, grad_accum: int
+) -> list[list[dict]]:
+    """Per rank, the uninterrupted run's micro-batches before optimizer step ``resumed_at`` of
+    epoch 0, then those of a run resumed from that step's checkpoint. Each rank's must be the
+    very same micro-batches, in the same order, as the uninterrupted run's."""
+    before = [[r for r in rank if r["epoch"] == 0 and r["step"] < resumed_at] for rank in uninterrupted]
+    assert all(len(rank) == resumed_at * grad_accum for rank in before)
+    joined = [b + a for b, a in zip(before, after, strict=True)]
+    for mine, theirs in zip(joined, uninterrupted, strict=True):
+        assert [r["samples"] for r in mine] == [r["samples"] for r in theirs[: len(mine)]]
+    return joined
